@@ -1,0 +1,118 @@
+//! Builds (once) and caches the control-plane binary from `e2e/controlplane`.
+//!
+//! The binary is keyed by a stamp over the Go sources, `go.mod`, `go.sum` and the Go
+//! version, and kept under `$XDG_CACHE_HOME/tender/controlplane/<stamp>/` (default
+//! `~/.cache`), outside the work tree, so a fresh clone on the same machine reuses it and
+//! the Go build cache keeps even a changed stamp cheap.
+
+use std::fs::{self, File};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use sha2::{Digest, Sha256};
+
+/// The Kubernetes release the control plane is built from; `/version` reports it.
+pub const KUBERNETES_VERSION: &str = "v1.36.3";
+
+/// The Go module directory of the control plane (inside this repository).
+pub fn source_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane")
+}
+
+fn cache_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TENDER_CACHE_DIR") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("tender")
+}
+
+/// Stamp over everything that changes the binary.
+fn stamp(src: &Path) -> Result<String> {
+    let mut files: Vec<PathBuf> = fs::read_dir(src)
+        .with_context(|| format!("reading {}", src.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.ends_with(".go") || name == "go.mod" || name == "go.sum"
+        })
+        .collect();
+    files.sort();
+    let mut h = Sha256::new();
+    for f in &files {
+        h.update(f.file_name().unwrap().as_encoded_bytes());
+        h.update([0]);
+        h.update(fs::read(f).with_context(|| format!("reading {}", f.display()))?);
+        h.update([0]);
+    }
+    let go = Command::new("go")
+        .arg("version")
+        .output()
+        .context("running `go version`: is Go installed and on PATH?")?;
+    h.update(&go.stdout);
+    Ok(hex::encode(&h.finalize()[..8]))
+}
+
+/// Returns the path of the control-plane binary, building it first if the cached one is
+/// missing or stale. Concurrent callers (parallel test binaries, two environments) wait on
+/// a file lock instead of building twice.
+pub fn ensure_controlplane() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("TENDER_CONTROLPLANE_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let src = source_dir();
+    let stamp = stamp(&src)?;
+    let dir = cache_root().join("controlplane").join(&stamp);
+    let bin = dir.join("controlplane");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let lock = File::create(dir.join(".lock"))?;
+    // SAFETY: flock on a file descriptor we own; released when `lock` is dropped.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        bail!("locking {}", dir.display());
+    }
+    if bin.exists() {
+        return Ok(bin);
+    }
+    eprintln!(
+        "tender-e2e: building the control plane (Kubernetes {KUBERNETES_VERSION}) into {}; \
+         the first build downloads modules and takes several minutes",
+        dir.display()
+    );
+    let started = Instant::now();
+    let minor = KUBERNETES_VERSION.split('.').nth(1).unwrap_or("0");
+    let ldflags = [
+        "-s -w".to_string(),
+        format!("-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}"),
+        "-X k8s.io/component-base/version.gitMajor=1".to_string(),
+        format!("-X k8s.io/component-base/version.gitMinor={minor}"),
+        "-X k8s.io/component-base/version.gitTreeState=clean".to_string(),
+        format!("-X k8s.io/client-go/pkg/version.gitVersion={KUBERNETES_VERSION}"),
+    ]
+    .join(" ");
+    let tmp = dir.join("controlplane.partial");
+    let status = Command::new("go")
+        .current_dir(&src)
+        .args(["build", "-trimpath", "-ldflags", &ldflags, "-o"])
+        .arg(&tmp)
+        .arg(".")
+        .status()
+        .context("running `go build` for the control plane")?;
+    if !status.success() {
+        bail!("`go build` of {} failed ({status})", src.display());
+    }
+    fs::rename(&tmp, &bin)?;
+    eprintln!(
+        "tender-e2e: control plane built in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(bin)
+}

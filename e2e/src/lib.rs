@@ -1,0 +1,45 @@
+//! tender's real multi-cluster test environment and end-to-end test helpers.
+//!
+//! [`TestEnv`] starts one etcd plus a hub and N downstream clusters on loopback, each a
+//! real kube-apiserver and kube-controller-manager built from the Kubernetes Go modules
+//! (see `e2e/controlplane`). Nothing here is a fake: RBAC, admission, CRD validation,
+//! garbage collection and namespace deletion are the real thing.
+
+mod build;
+mod env;
+mod pki;
+mod process;
+mod wait;
+
+pub use build::{KUBERNETES_VERSION, ensure_controlplane};
+pub use env::{
+    ADMIN_USER, ClusterInfo, EnvOptions, EnvRecord, HUB, RESTRICTED_USERS, TestEnv,
+    client_from_yaml, down, downstream_name, kubeconfig_yaml,
+};
+pub use process::Process;
+pub use wait::{eventually, unique_name};
+
+use tokio::sync::OnceCell;
+
+/// An environment with `downstream` downstream clusters shared by every test of one test
+/// binary (started by the first test that asks). Its processes die with the test binary;
+/// tests keep out of each other's way by using their own namespaces.
+pub async fn shared_env(downstream: usize) -> &'static TestEnv {
+    static ENV: OnceCell<TestEnv> = OnceCell::const_new();
+    let env = ENV
+        .get_or_init(|| async {
+            TestEnv::start(EnvOptions {
+                downstream,
+                state_dir: None,
+            })
+            .await
+            .expect("starting the test environment")
+        })
+        .await;
+    assert_eq!(
+        env.clusters().len(),
+        downstream + 1,
+        "shared_env called with different cluster counts in one test binary"
+    );
+    env
+}

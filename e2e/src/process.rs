@@ -1,0 +1,139 @@
+//! Child processes that cannot outlive the test or command that started them.
+//!
+//! Every child gets `PR_SET_PDEATHSIG = SIGKILL`, so it dies with its parent even when the
+//! parent is killed outright. The kernel ties that signal to the *thread* that forked, so
+//! all children are forked from one spawner thread that lives as long as the process:
+//! an environment shared by many tests survives the end of the test that created it, and
+//! still goes away when the test binary exits or panics.
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+fn spawner() -> &'static Mutex<mpsc::Sender<Request>> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        std::thread::Builder::new()
+            .name("tender-e2e-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+                // The sender lives in a static and is never dropped: park forever so the
+                // thread (and with it the children's parent-death signal) lasts until exit.
+                loop {
+                    std::thread::park();
+                }
+            })
+            .expect("spawning the process spawner thread");
+        Mutex::new(tx)
+    })
+}
+
+/// A running child process, killed (SIGTERM, then SIGKILL) when dropped.
+#[derive(Debug)]
+pub struct Process {
+    name: String,
+    child: Child,
+}
+
+impl Process {
+    /// Starts `program args` with stdout and stderr appended to `log`.
+    pub fn start(name: &str, program: &Path, args: &[String], log: &Path) -> Result<Process> {
+        let out = File::options()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        // SAFETY: prctl is async-signal-safe; this runs in the forked child before exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let (tx, rx) = mpsc::channel();
+        spawner()
+            .lock()
+            .unwrap()
+            .send((cmd, tx))
+            .context("spawner thread is gone")?;
+        let child = rx
+            .recv()
+            .context("spawner thread is gone")?
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(Process {
+            name: name.to_string(),
+            child,
+        })
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The component name given at start.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `Some(status)` if the process has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Stops the process: SIGTERM, up to `grace` to exit, then SIGKILL; always reaps it.
+    pub fn stop(&mut self, grace: Duration) {
+        if self.exited().is_some() {
+            return;
+        }
+        terminate(self.child.id(), grace);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.stop(Duration::from_secs(5));
+    }
+}
+
+/// Sends SIGTERM to `pid` and waits up to `grace` for it to disappear; SIGKILL after that.
+pub fn terminate(pid: u32, grace: Duration) {
+    let pid = pid as libc::pid_t;
+    // SAFETY: plain kill(2) calls on a pid.
+    unsafe {
+        if libc::kill(pid, libc::SIGTERM) != 0 {
+            return;
+        }
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            let mut status = 0;
+            // Reap if it is our child; otherwise probe with signal 0.
+            let reaped = libc::waitpid(pid, &mut status, libc::WNOHANG);
+            if reaped == pid || libc::kill(pid, 0) != 0 {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        libc::kill(pid, libc::SIGKILL);
+    }
+}
