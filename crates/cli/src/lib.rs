@@ -1,0 +1,3 @@
+//! The `tender` command-line tool: one module per subcommand, `main.rs` only dispatches.
+
+pub mod crdgen;

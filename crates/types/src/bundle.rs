@@ -1,0 +1,344 @@
+//! `Bundle`: what to deploy (inline manifests and copied Secrets/ConfigMaps) and where.
+
+use std::borrow::Cow;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+use crate::schema::{
+    DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, conditions_list_map, forbid_namespace_property,
+    kind_name_list_map,
+};
+
+/// A set of manifests and Secret/ConfigMap copies deployed to every targeted cluster.
+// Printer columns repeat `type_ = ...` by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "tender.dev",
+    version = "v1alpha1",
+    kind = "Bundle",
+    namespaced,
+    status = "BundleStatus",
+    shortname = "tbundle",
+    category = "tender",
+    doc = "Bundle deploys inline manifests, and copies of Secrets and ConfigMaps from its own namespace, to the clusters it targets.",
+    printcolumn(
+        name = "Clusters-Ready",
+        type_ = "string",
+        json_path = ".status.display.readyClusters",
+        description = "Ready clusters out of targeted clusters"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.display.state",
+        description = "Summary state of the Bundle"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleSpec {
+    /// Which clusters receive this Bundle. Each cluster is matched by the first target that selects it; a cluster no target selects gets nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100))]
+    pub targets: Vec<BundleTarget>,
+
+    /// Namespace for manifests that do not set one, and for copies when targetNamespace is unset. Defaults to `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub default_namespace: Option<String>,
+
+    /// Namespace forced on every namespaced manifest and on the copies, overriding namespaces set in the manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub target_namespace: Option<String>,
+
+    /// Secrets and ConfigMaps in this Bundle's namespace to copy to every targeted cluster before any manifest is applied there. Needs the EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM feature gate on hub and agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), transform = kind_name_list_map)]
+    pub downstream_resources: Vec<DownstreamResource>,
+
+    /// Inline manifests applied downstream with server-side apply, in order. Each needs apiVersion, kind and metadata.name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub resources: Vec<Manifest>,
+
+    /// Leave deployed objects and copies in place (without tender's labels) when they are no longer targeted or the Bundle is deleted.
+    #[serde(default)]
+    pub keep_resources: bool,
+
+    /// Adopt existing downstream objects that tender did not create, instead of reporting a conflict.
+    #[serde(default)]
+    pub take_ownership: bool,
+
+    /// Drift correction for deployed objects; absent means enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correct_drift: Option<CorrectDrift>,
+
+    /// Stop rolling out changes of this Bundle; what is already deployed stays.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+impl BundleSpec {
+    /// Whether drift correction is on (absent `correctDrift` means on).
+    pub fn correct_drift_enabled(&self) -> bool {
+        self.correct_drift.as_ref().is_none_or(|c| c.enabled)
+    }
+}
+
+/// One way of selecting clusters, with optional overrides for the clusters it selects.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "[has(self.clusterName), has(self.clusterSelector), has(self.clusterGroup), has(self.clusterGroupSelector)].filter(x, x).size() == 1",
+    "message": "targets[] must set exactly one of clusterName, clusterSelector, clusterGroup or clusterGroupSelector"
+}]))]
+pub struct BundleTarget {
+    /// Optional name of this target, for status and messages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub name: Option<String>,
+
+    /// Selects the Cluster with this name in the Bundle's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub cluster_name: Option<String>,
+
+    /// Selects Clusters by their labels. An empty selector `{}` selects every Cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+
+    /// Selects the Clusters of the ClusterGroup with this name. A missing group selects nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub cluster_group: Option<String>,
+
+    /// Selects the Clusters of every ClusterGroup whose labels match. An empty selector `{}` selects every group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_group_selector: Option<LabelSelector>,
+
+    /// Overrides the Bundle's targetNamespace for the clusters of this target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub target_namespace: Option<String>,
+
+    /// Overrides the Bundle's defaultNamespace for the clusters of this target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub default_namespace: Option<String>,
+
+    /// Replaces (does not merge with) the Bundle's downstreamResources for the clusters of this target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64), transform = kind_name_list_map)]
+    pub downstream_resources: Option<Vec<DownstreamResource>>,
+
+    /// Overrides the Bundle's keepResources for the clusters of this target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_resources: Option<bool>,
+}
+
+/// A Secret or ConfigMap in the Bundle's namespace to copy downstream.
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = forbid_namespace_property)]
+pub struct DownstreamResource {
+    /// API version of the source; only `v1` is supported, which is also the default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("enum" = ["v1"]))]
+    pub api_version: Option<String>,
+
+    /// Kind of the source: `Secret` or `ConfigMap`.
+    #[schemars(extend("enum" = ["Secret", "ConfigMap"]))]
+    pub kind: String,
+
+    /// Name of the source in the Bundle's namespace; the copy downstream gets the same name.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub name: String,
+}
+
+impl DownstreamResource {
+    /// The supported kind this entry names, if it is one.
+    pub fn source_kind(&self) -> Option<SourceKind> {
+        SourceKind::parse(&self.kind)
+    }
+}
+
+/// Kinds tender can copy downstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SourceKind {
+    /// A core/v1 Secret.
+    Secret,
+    /// A core/v1 ConfigMap.
+    ConfigMap,
+}
+
+impl SourceKind {
+    /// Parses a `kind` string (exact, case-sensitive, like the apiserver).
+    pub fn parse(kind: &str) -> Option<Self> {
+        match kind {
+            "Secret" => Some(Self::Secret),
+            "ConfigMap" => Some(Self::ConfigMap),
+            _ => None,
+        }
+    }
+
+    /// The `kind` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Secret => "Secret",
+            Self::ConfigMap => "ConfigMap",
+        }
+    }
+}
+
+impl std::fmt::Display for SourceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Drift correction settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CorrectDrift {
+    /// Re-apply deployed objects that were changed or deleted downstream. Defaults to true.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+impl Default for CorrectDrift {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// An inline Kubernetes manifest, kept as untyped JSON and validated as an embedded object.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Manifest(pub serde_json::Value);
+
+impl Manifest {
+    fn str_at(&self, path: &[&str]) -> Option<&str> {
+        path.iter()
+            .try_fold(&self.0, |v, key| v.get(key))
+            .and_then(|v| v.as_str())
+    }
+
+    /// `apiVersion` of the manifest.
+    pub fn api_version(&self) -> Option<&str> {
+        self.str_at(&["apiVersion"])
+    }
+
+    /// `kind` of the manifest.
+    pub fn kind(&self) -> Option<&str> {
+        self.str_at(&["kind"])
+    }
+
+    /// `metadata.name` of the manifest.
+    pub fn name(&self) -> Option<&str> {
+        self.str_at(&["metadata", "name"])
+    }
+
+    /// `metadata.namespace` of the manifest, if it sets one.
+    pub fn namespace(&self) -> Option<&str> {
+        self.str_at(&["metadata", "namespace"])
+    }
+}
+
+impl JsonSchema for Manifest {
+    fn schema_name() -> Cow<'static, str> {
+        "Manifest".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        // apiVersion and kind are already required by the apiserver for embedded resources.
+        json_schema!({
+            "type": "object",
+            "x-kubernetes-embedded-resource": true,
+            "x-kubernetes-preserve-unknown-fields": true,
+            "x-kubernetes-validations": [{
+                "rule": "has(self.metadata) && has(self.metadata.name) && self.metadata.name != ''",
+                "message": "resources[].metadata.name is required: every inline manifest needs a name"
+            }]
+        })
+    }
+}
+
+/// Observed state of a Bundle.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleStatus {
+    /// metadata.generation of the Bundle this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Conditions: `Ready` with a reason such as NoClustersMatched, SourceNotFound, UnsupportedKind or CopyFeatureDisabled.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = conditions_list_map)]
+    pub conditions: Vec<Condition>,
+
+    /// Counts of this Bundle's BundleDeployments by state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<BundleSummary>,
+
+    /// Short strings for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display: Option<BundleDisplay>,
+}
+
+/// Counts of BundleDeployments by state (for a Bundle) or of a cluster's BundleDeployments (for a Cluster).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleSummary {
+    /// Number of BundleDeployments that should exist.
+    #[serde(default)]
+    pub desired_ready: i32,
+    /// BundleDeployments applied at their current deploymentID with every object ready.
+    #[serde(default)]
+    pub ready: i32,
+    /// BundleDeployments the agent has not yet applied at their current deploymentID.
+    #[serde(default)]
+    pub wait_applied: i32,
+    /// BundleDeployments whose last apply failed.
+    #[serde(default)]
+    pub err_applied: i32,
+    /// BundleDeployments with objects changed or deleted downstream (drift).
+    #[serde(default)]
+    pub modified: i32,
+    /// BundleDeployments applied but with objects not ready yet.
+    #[serde(default)]
+    pub not_ready: i32,
+    /// BundleDeployments not yet written or not yet reported on by an agent.
+    #[serde(default)]
+    pub pending: i32,
+}
+
+/// Short status strings of a Bundle.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleDisplay {
+    /// Ready clusters out of targeted clusters, e.g. `2/3`.
+    #[serde(default)]
+    pub ready_clusters: String,
+    /// One word summary such as Ready, NotReady, Pending, ErrApplied, Modified or Paused.
+    #[serde(default)]
+    pub state: String,
+}

@@ -1,0 +1,211 @@
+//! `BundleDeployment`: one Bundle resolved for one cluster, written by the hub, read by the agent.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::bundle::Manifest;
+use crate::schema::{conditions_list_map, kind_name_list_map};
+
+/// Values of [`ObjectStatus::state`].
+pub mod object_state {
+    /// The object is applied and ready.
+    pub const READY: &str = "Ready";
+    /// The object is applied but not ready yet.
+    pub const NOT_READY: &str = "NotReady";
+    /// The object should exist downstream but does not.
+    pub const MISSING: &str = "Missing";
+    /// The object was changed downstream (drift).
+    pub const MODIFIED: &str = "Modified";
+    /// The object exists and belongs to someone else (another BundleDeployment or no tender at all).
+    pub const CONFLICT: &str = "Conflict";
+    /// Applying the object failed; see the message.
+    pub const ERROR: &str = "Error";
+}
+
+/// One Bundle resolved for one cluster. Written only by the hub, in the cluster's namespace.
+// Printer columns repeat `type_ = ...` by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "tender.dev",
+    version = "v1alpha1",
+    kind = "BundleDeployment",
+    namespaced,
+    status = "BundleDeploymentStatus",
+    shortname = "tbd",
+    category = "tender",
+    doc = "BundleDeployment is one Bundle resolved for one cluster. The hub writes it into the cluster's namespace; the agent deploys it and reports status.",
+    printcolumn(
+        name = "Deployment-ID",
+        type_ = "string",
+        json_path = ".spec.deploymentID",
+        priority = 1,
+        description = "Content hash of what should be deployed"
+    ),
+    printcolumn(
+        name = "Applied",
+        type_ = "string",
+        json_path = ".status.appliedDeploymentID",
+        description = "Deployment ID the agent last applied"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.display.state",
+        description = "Summary state"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleDeploymentSpec {
+    /// Content hash of the manifests, the options and the copied sources; the agent deploys when it differs from status.appliedDeploymentID.
+    #[serde(rename = "deploymentID")]
+    pub deployment_id: String,
+
+    /// Do not deploy changes; the agent keeps what is deployed.
+    #[serde(default)]
+    pub paused: bool,
+
+    /// Resolved deployment options.
+    #[serde(default)]
+    pub options: BundleDeploymentOptions,
+
+    /// Manifests to apply downstream, in order, after every copy is in place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<Manifest>,
+}
+
+/// Options of a Bundle, resolved for one cluster (target overrides applied).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleDeploymentOptions {
+    /// Namespace for manifests without one (and for copies when targetNamespace is unset); already defaulted to `default`.
+    pub default_namespace: String,
+
+    /// Namespace forced on every namespaced manifest and on the copies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_namespace: Option<String>,
+
+    /// Leave objects in place (without tender's labels) when they are removed from the deployment.
+    #[serde(default)]
+    pub keep_resources: bool,
+
+    /// Adopt existing objects tender did not create instead of reporting a conflict.
+    #[serde(default)]
+    pub take_ownership: bool,
+
+    /// Re-apply objects changed or deleted downstream.
+    #[serde(default)]
+    pub correct_drift: bool,
+
+    /// Secrets and ConfigMaps copied into the cluster namespace on the hub, to be copied downstream before any manifest is applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = kind_name_list_map)]
+    pub downstream_resources: Vec<CopiedResource>,
+}
+
+/// A source copied to the cluster namespace on the hub, and where it goes downstream.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CopiedResource {
+    /// `Secret` or `ConfigMap`.
+    pub kind: String,
+    /// Name of the source in the Bundle's namespace, which is also the name downstream.
+    pub name: String,
+    /// Name of the copy in this BundleDeployment's namespace on the hub.
+    pub copy_name: String,
+    /// Content hash of the source (see tender_types::hash); a change triggers a new deployment.
+    pub hash: String,
+}
+
+/// Observed state of a BundleDeployment, written by the agent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleDeploymentStatus {
+    /// The spec.deploymentID the agent last deployed successfully.
+    #[serde(
+        default,
+        rename = "appliedDeploymentID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub applied_deployment_id: Option<String>,
+
+    /// metadata.generation of the BundleDeployment this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Conditions: `Ready`, `Deployed`, `ResourcesCopied`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = conditions_list_map)]
+    pub conditions: Vec<Condition>,
+
+    /// State of every deployed object, copies first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resources: Vec<ObjectStatus>,
+
+    /// Objects changed or deleted downstream since they were applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modified: Vec<ObjectRef>,
+
+    /// Objects applied but not ready.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub non_ready: Vec<ObjectRef>,
+
+    /// Short strings for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display: Option<BundleDeploymentDisplay>,
+}
+
+/// State of one downstream object.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectStatus {
+    /// API version of the object.
+    pub api_version: String,
+    /// Kind of the object.
+    pub kind: String,
+    /// Namespace of the object; empty for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name of the object.
+    pub name: String,
+    /// Ready, NotReady, Missing, Modified, Conflict or Error.
+    pub state: String,
+    /// Why the object is not Ready; never contains Secret data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// A reference to one downstream object.
+#[derive(
+    Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectRef {
+    /// API version of the object.
+    pub api_version: String,
+    /// Kind of the object.
+    pub kind: String,
+    /// Namespace of the object; empty for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name of the object.
+    pub name: String,
+}
+
+/// Short status strings of a BundleDeployment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleDeploymentDisplay {
+    /// One word summary such as Ready, NotReady, WaitApplied, ErrApplied, Modified or Paused.
+    #[serde(default)]
+    pub state: String,
+}

@@ -1,0 +1,198 @@
+//! Condition types, reasons and bookkeeping.
+//!
+//! Reasons are stable CamelCase words: users search for them and the troubleshooting guide
+//! documents each one.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Condition type: the object is fully deployed and ready.
+pub const TYPE_READY: &str = "Ready";
+/// Condition type (BundleDeployment): the manifests of the current deploymentID are applied.
+pub const TYPE_DEPLOYED: &str = "Deployed";
+/// Condition type (BundleDeployment, Bundle): the Secret/ConfigMap copies are in place.
+pub const TYPE_RESOURCES_COPIED: &str = "ResourcesCopied";
+/// Condition type (Cluster): the agent has reported in recently.
+pub const TYPE_AGENT_CONNECTED: &str = "AgentConnected";
+
+/// Condition reasons.
+pub mod reason {
+    /// Everything is ready.
+    pub const READY: &str = "Ready";
+    /// The manifests are applied.
+    pub const DEPLOYED: &str = "Deployed";
+    /// Every copy is in place.
+    pub const RESOURCES_COPIED: &str = "ResourcesCopied";
+    /// Nothing to copy for this deployment.
+    pub const NO_RESOURCES_TO_COPY: &str = "NoResourcesToCopy";
+    /// A Secret/ConfigMap named in downstreamResources does not exist in the Bundle's namespace.
+    pub const SOURCE_NOT_FOUND: &str = "SourceNotFound";
+    /// downstreamResources are set but EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM is off.
+    pub const COPY_FEATURE_DISABLED: &str = "CopyFeatureDisabled";
+    /// A downstreamResources entry has a kind other than Secret or ConfigMap.
+    pub const UNSUPPORTED_KIND: &str = "UnsupportedKind";
+    /// No target of the Bundle selects any cluster.
+    pub const NO_CLUSTERS_MATCHED: &str = "NoClustersMatched";
+    /// A label selector in a target or group is invalid.
+    pub const INVALID_SELECTOR: &str = "InvalidSelector";
+    /// A downstream object exists and belongs to someone else.
+    pub const CONFLICT: &str = "Conflict";
+    /// Copying a Secret/ConfigMap failed.
+    pub const COPY_FAILED: &str = "CopyFailed";
+    /// Applying a manifest failed.
+    pub const APPLY_FAILED: &str = "ApplyFailed";
+    /// Deployed objects are not ready yet.
+    pub const NOT_READY: &str = "NotReady";
+    /// Deployed objects were changed downstream.
+    pub const MODIFIED: &str = "Modified";
+    /// Waiting for the agent to apply the current deploymentID.
+    pub const WAIT_APPLIED: &str = "WaitApplied";
+    /// Rollout is paused (Bundle, Cluster or BundleDeployment).
+    pub const PAUSED: &str = "Paused";
+    /// The agent has never reported in.
+    pub const WAITING_FOR_AGENT: &str = "WaitingForAgent";
+    /// The agent has not reported in recently.
+    pub const AGENT_OFFLINE: &str = "AgentOffline";
+    /// The agent reports in.
+    pub const AGENT_CONNECTED: &str = "AgentConnected";
+}
+
+/// The condition of `type_`, if present.
+pub fn find_condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether the condition of `type_` is present and `True`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    find_condition(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
+/// Sets the condition of `type_`, keeping `lastTransitionTime` when the status is unchanged.
+///
+/// Returns whether anything changed, so callers can skip a status write when it did not.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+    now: Time,
+) -> bool {
+    let status = if status { "True" } else { "False" };
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => {
+            let changed = existing.status != status
+                || existing.reason != reason
+                || existing.message != message
+                || existing.observed_generation != observed_generation;
+            if existing.status != status {
+                existing.last_transition_time = now;
+            }
+            existing.status = status.to_string();
+            existing.reason = reason.to_string();
+            existing.message = message.to_string();
+            existing.observed_generation = observed_generation;
+            changed
+        }
+        None => {
+            conditions.push(Condition {
+                type_: type_.to_string(),
+                status: status.to_string(),
+                reason: reason.to_string(),
+                message: message.to_string(),
+                observed_generation,
+                last_transition_time: now,
+            });
+            true
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn transition_time_moves_only_on_status_change() {
+        let mut conds = Vec::new();
+        assert!(set_condition(
+            &mut conds,
+            TYPE_READY,
+            false,
+            reason::WAIT_APPLIED,
+            "waiting",
+            Some(1),
+            at(10)
+        ));
+        assert_eq!(conds[0].last_transition_time, at(10));
+
+        // Same status, new reason/message: updated, time kept.
+        assert!(set_condition(
+            &mut conds,
+            TYPE_READY,
+            false,
+            reason::NOT_READY,
+            "1 not ready",
+            Some(1),
+            at(20)
+        ));
+        assert_eq!(conds[0].last_transition_time, at(10));
+        assert_eq!(conds[0].reason, "NotReady");
+
+        // Nothing changed: reports no change.
+        assert!(!set_condition(
+            &mut conds,
+            TYPE_READY,
+            false,
+            reason::NOT_READY,
+            "1 not ready",
+            Some(1),
+            at(30)
+        ));
+        assert_eq!(conds[0].last_transition_time, at(10));
+
+        // Status flips: time moves.
+        assert!(set_condition(
+            &mut conds,
+            TYPE_READY,
+            true,
+            reason::READY,
+            "",
+            Some(2),
+            at(40)
+        ));
+        assert_eq!(conds[0].last_transition_time, at(40));
+        assert_eq!(conds[0].status, "True");
+        assert_eq!(conds[0].observed_generation, Some(2));
+        assert!(is_true(&conds, TYPE_READY));
+        assert_eq!(conds.len(), 1);
+    }
+
+    #[test]
+    fn conditions_of_other_types_are_independent() {
+        let mut conds = Vec::new();
+        set_condition(&mut conds, TYPE_READY, true, reason::READY, "", None, at(1));
+        set_condition(
+            &mut conds,
+            TYPE_DEPLOYED,
+            false,
+            reason::APPLY_FAILED,
+            "boom",
+            None,
+            at(2),
+        );
+        assert_eq!(conds.len(), 2);
+        assert!(is_true(&conds, TYPE_READY));
+        assert!(!is_true(&conds, TYPE_DEPLOYED));
+        assert!(!is_true(&conds, TYPE_RESOURCES_COPIED));
+        assert_eq!(
+            find_condition(&conds, TYPE_DEPLOYED).unwrap().message,
+            "boom"
+        );
+    }
+}

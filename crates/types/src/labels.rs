@@ -1,0 +1,193 @@
+//! Every label, annotation, finalizer and field manager tender writes, in one place.
+//!
+//! All of tender's own keys start with [`PREFIX`]. Label values must be valid Kubernetes label
+//! values; use [`safe_label_value`] for anything derived from user input.
+
+use crate::hash::short_hash;
+
+/// Prefix of every tender label, annotation and finalizer.
+pub const PREFIX: &str = "tender.dev/";
+
+/// Standard `managed-by` label key, set on everything tender creates.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY`] on objects tender creates.
+pub const MANAGED_BY_VALUE: &str = "tender";
+
+/// Label: namespace of the Bundle an object was created for.
+pub const BUNDLE_NAMESPACE: &str = "tender.dev/bundle-namespace";
+/// Label: name of the Bundle an object was created for.
+pub const BUNDLE_NAME: &str = "tender.dev/bundle-name";
+/// Label: name of the Cluster (on cluster namespaces and BundleDeployments).
+pub const CLUSTER: &str = "tender.dev/cluster";
+/// Label: the cluster's own namespace on the hub (where its BundleDeployments live).
+pub const CLUSTER_NAMESPACE: &str = "tender.dev/cluster-namespace";
+/// Label: namespace of the Cluster object (the workspace), on cluster namespaces.
+pub const WORKSPACE: &str = "tender.dev/workspace";
+/// Label on downstream objects: which BundleDeployment owns them, as
+/// [`bundle_deployment_owner_label`] of `(cluster namespace, BundleDeployment name)`.
+/// Used to list a deployment's objects; the exact owner is in [`OWNER_ANNOTATION`].
+pub const BUNDLE_DEPLOYMENT: &str = "tender.dev/bundle-deployment";
+
+/// Annotation on downstream objects: exact owner, `<cluster namespace>/<BundleDeployment name>`.
+pub const OWNER_ANNOTATION: &str = "tender.dev/owner";
+/// Annotation: content hash of what tender last wrote (see [`crate::hash`]); equal hash, no write.
+pub const CONTENT_HASH: &str = "tender.dev/content-hash";
+/// Annotation: deploymentID that last wrote the object.
+pub const DEPLOYMENT_ID: &str = "tender.dev/deployment-id";
+/// Annotation `"true"` on a downstream object: leave it in place when it is no longer deployed.
+pub const KEEP_RESOURCES: &str = "tender.dev/keep-resources";
+/// Annotation on copies: the source, `<namespace>/<name>` (the kind is the copy's own kind).
+pub const COPY_OF: &str = "tender.dev/copy-of";
+
+/// Finalizer on BundleDeployments: the agent removes downstream objects before deletion completes.
+pub const AGENT_CLEANUP_FINALIZER: &str = "tender.dev/agent-cleanup";
+/// Finalizer on Clusters: the hub removes the cluster namespace before deletion completes.
+pub const CLUSTER_CLEANUP_FINALIZER: &str = "tender.dev/cluster-cleanup";
+/// Finalizer on Bundles: the hub removes BundleDeployments in other namespaces (owner
+/// references cannot cross namespaces).
+pub const BUNDLE_CLEANUP_FINALIZER: &str = "tender.dev/bundle-cleanup";
+
+/// Server-side apply field manager of the hub.
+pub const HUB_FIELD_MANAGER: &str = "tender-hub";
+/// Server-side apply field manager of the agent.
+pub const AGENT_FIELD_MANAGER: &str = "tender-agent";
+
+/// Longest valid label value.
+pub const MAX_LABEL_VALUE_LEN: usize = 63;
+
+/// Whether `key` is one of tender's own label/annotation keys.
+pub fn is_tender_key(key: &str) -> bool {
+    key.starts_with(PREFIX)
+}
+
+/// Whether a source's label or annotation `key` is carried over to its copies.
+///
+/// tender's own keys, [`MANAGED_BY`] and `kubectl.kubernetes.io/` bookkeeping are not: they
+/// describe the source object, not the data.
+pub fn is_copied_metadata_key(key: &str) -> bool {
+    !(is_tender_key(key) || key == MANAGED_BY || key.starts_with("kubectl.kubernetes.io/"))
+}
+
+/// Whether `value` is a valid label value (empty, or ≤63 alphanumerics, `-`, `_`, `.`, starting
+/// and ending alphanumeric).
+pub fn is_label_value(value: &str) -> bool {
+    if value.is_empty() {
+        return true;
+    }
+    let bytes = value.as_bytes();
+    value.len() <= MAX_LABEL_VALUE_LEN
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Turns any string into a valid label value: unchanged when already valid, otherwise
+/// sanitised, truncated and suffixed with a short hash of the original so distinct inputs stay
+/// distinct and the result is stable.
+pub fn safe_label_value(value: &str) -> String {
+    if is_label_value(value) {
+        return value.to_string();
+    }
+    let hash = short_hash(value);
+    let budget = MAX_LABEL_VALUE_LEN - hash.len() - 1;
+    let sanitised: String = value
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(budget)
+        .collect();
+    let readable = sanitised.trim_matches(|c: char| !c.is_ascii_alphanumeric());
+    if readable.is_empty() {
+        hash
+    } else {
+        format!("{readable}-{hash}")
+    }
+}
+
+/// Value of [`BUNDLE_DEPLOYMENT`] for a BundleDeployment (`<cluster namespace>.<name>`, made label-safe).
+pub fn bundle_deployment_owner_label(cluster_namespace: &str, name: &str) -> String {
+    safe_label_value(&format!("{cluster_namespace}.{name}"))
+}
+
+/// Value of [`OWNER_ANNOTATION`] for a BundleDeployment.
+pub fn bundle_deployment_owner(cluster_namespace: &str, name: &str) -> String {
+    format!("{cluster_namespace}/{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tender_key_has_the_prefix() {
+        for key in [
+            BUNDLE_NAMESPACE,
+            BUNDLE_NAME,
+            CLUSTER,
+            CLUSTER_NAMESPACE,
+            WORKSPACE,
+            BUNDLE_DEPLOYMENT,
+            OWNER_ANNOTATION,
+            CONTENT_HASH,
+            DEPLOYMENT_ID,
+            KEEP_RESOURCES,
+            COPY_OF,
+            AGENT_CLEANUP_FINALIZER,
+            CLUSTER_CLEANUP_FINALIZER,
+            BUNDLE_CLEANUP_FINALIZER,
+        ] {
+            assert!(is_tender_key(key), "{key}");
+            assert!(!is_copied_metadata_key(key), "{key}");
+        }
+        assert!(is_copied_metadata_key("app"));
+        assert!(!is_copied_metadata_key(
+            "kubectl.kubernetes.io/last-applied-configuration"
+        ));
+    }
+
+    #[test]
+    fn valid_label_values_are_kept() {
+        for v in ["", "a", "cluster-1", "a.b_c-d", &"x".repeat(63)] {
+            assert_eq!(safe_label_value(v), v);
+        }
+    }
+
+    #[test]
+    fn invalid_label_values_become_valid_and_distinct() {
+        let long_a = format!("{}a", "x".repeat(80));
+        let long_b = format!("{}b", "x".repeat(80));
+        let inputs = [
+            "ns/name",
+            "-lead",
+            "trail.",
+            "ünïcode",
+            "///",
+            &long_a,
+            &long_b,
+        ];
+        let mut outputs: Vec<String> = inputs.iter().map(|v| safe_label_value(v)).collect();
+        for (input, out) in inputs.iter().zip(&outputs) {
+            assert!(is_label_value(out), "{input:?} -> {out:?}");
+            assert_eq!(&safe_label_value(input), out, "stable");
+        }
+        outputs.sort();
+        outputs.dedup();
+        assert_eq!(outputs.len(), inputs.len());
+    }
+
+    #[test]
+    fn owner_label_is_label_safe() {
+        let ns = crate::names::cluster_namespace(&"w".repeat(60), &"c".repeat(60));
+        let v = bundle_deployment_owner_label(&ns, &"b".repeat(63));
+        assert!(is_label_value(&v), "{v}");
+        assert_eq!(bundle_deployment_owner_label("ns", "bd"), "ns.bd");
+        assert_eq!(bundle_deployment_owner("ns", "bd"), "ns/bd");
+    }
+}

@@ -1,0 +1,178 @@
+//! Name rules: every name tender derives, always valid and stable.
+
+use crate::hash::short_hash;
+
+/// Longest DNS label (namespace names).
+pub const MAX_DNS_LABEL_LEN: usize = 63;
+/// Longest DNS subdomain (most object names).
+pub const MAX_DNS_SUBDOMAIN_LEN: usize = 253;
+
+const CLUSTER_NAMESPACE_PREFIX: &str = "cluster-";
+
+/// Whether `s` is an RFC 1123 DNS label: 1–63 lowercase alphanumerics or `-`, alphanumeric at
+/// both ends.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_DNS_LABEL_LEN
+        && is_lower_alnum(b[0])
+        && is_lower_alnum(b[b.len() - 1])
+        && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+}
+
+/// Whether `s` is an RFC 1123 DNS subdomain as Kubernetes checks it: at most 253 characters
+/// of dot-separated parts shaped like DNS labels (Kubernetes does not cap each part at 63).
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_DNS_SUBDOMAIN_LEN
+        && s.split('.').all(|part| {
+            let b = part.as_bytes();
+            !b.is_empty()
+                && is_lower_alnum(b[0])
+                && is_lower_alnum(b[b.len() - 1])
+                && b.iter().all(|&c| is_lower_alnum(c) || c == b'-')
+        })
+}
+
+fn is_lower_alnum(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit()
+}
+
+/// Lowercases and replaces anything outside `[a-z0-9-]` by `-`, keeps at most `max` characters
+/// and trims `-` at both ends.
+fn sanitise(s: &str, max: usize) -> String {
+    let mapped: String = s
+        .chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| {
+            if c.is_ascii_lowercase() || c.is_ascii_digit() {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(max)
+        .collect();
+    mapped.trim_matches('-').to_string()
+}
+
+/// The cluster's own namespace on the hub:
+/// `cluster-<workspace>-<name>-<8 hex of sha256("workspace/name")>`.
+///
+/// Always a DNS label of at most 63 characters. The readable part is truncated when long; the
+/// hash of the full, unmodified pair keeps distinct clusters apart even when their readable
+/// parts collide after truncation or sanitising.
+pub fn cluster_namespace(workspace: &str, cluster_name: &str) -> String {
+    let hash = short_hash(&format!("{workspace}/{cluster_name}"));
+    let budget = MAX_DNS_LABEL_LEN - CLUSTER_NAMESPACE_PREFIX.len() - 1 - hash.len();
+    let readable = sanitise(&format!("{workspace}-{cluster_name}"), budget);
+    if readable.is_empty() {
+        format!("{CLUSTER_NAMESPACE_PREFIX}{hash}")
+    } else {
+        format!("{CLUSTER_NAMESPACE_PREFIX}{readable}-{hash}")
+    }
+}
+
+/// Name of the copy of a source Secret/ConfigMap in the cluster namespace on the hub:
+/// `<bundle>-<kind>-<source>-<8 hex>`, lowercased, with dots and other characters outside
+/// `[a-z0-9-]` turned into `-`.
+///
+/// Copies of every Bundle share the cluster namespace, so the hash of `bundle/kind/source` is
+/// always appended: readable parts alone can collide (`a` + `x-secret-y` vs `a-secret-x` + `y`).
+/// Always a DNS subdomain of at most 253 characters.
+pub fn copy_name(bundle_name: &str, kind: &str, source_name: &str) -> String {
+    let hash = short_hash(&format!("{bundle_name}/{kind}/{source_name}"));
+    let budget = MAX_DNS_SUBDOMAIN_LEN - 1 - hash.len();
+    let readable = sanitise(&format!("{bundle_name}-{kind}-{source_name}"), budget);
+    if readable.is_empty() {
+        hash
+    } else {
+        format!("{readable}-{hash}")
+    }
+}
+
+/// Name of the BundleDeployment of a Bundle in a cluster namespace (the Bundle's name).
+pub fn bundle_deployment_name(bundle_name: &str) -> String {
+    bundle_name.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_validators() {
+        assert!(is_dns_label("a"));
+        assert!(is_dns_label("a-1"));
+        assert!(is_dns_label(&"a".repeat(63)));
+        for bad in ["", "-a", "a-", "A", "a.b", "a_b", &"a".repeat(64)] {
+            assert!(!is_dns_label(bad), "{bad:?}");
+        }
+        assert!(is_dns_subdomain("a.b-c.d"));
+        assert!(is_dns_subdomain(&format!(
+            "{}.{}",
+            "a".repeat(63),
+            "b".repeat(63)
+        )));
+        assert!(is_dns_subdomain(&"a".repeat(253)));
+        assert!(!is_dns_subdomain(&"a".repeat(254)));
+        for bad in ["", "a..b", ".a", "a.", "a.-b", &"a.".repeat(127)] {
+            assert!(!is_dns_subdomain(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn cluster_namespace_short_names_are_readable() {
+        let ns = cluster_namespace("tender-default", "east-1");
+        assert!(ns.starts_with("cluster-tender-default-east-1-"), "{ns}");
+        assert_eq!(ns.len(), "cluster-tender-default-east-1-".len() + 8);
+        assert!(is_dns_label(&ns));
+        assert_eq!(ns, cluster_namespace("tender-default", "east-1"), "stable");
+    }
+
+    #[test]
+    fn cluster_namespace_long_names_are_valid_and_distinct() {
+        let prefix = "x".repeat(70);
+        let a = cluster_namespace("ws", &format!("{prefix}-a"));
+        let b = cluster_namespace("ws", &format!("{prefix}-b"));
+        assert!(is_dns_label(&a) && is_dns_label(&b), "{a} {b}");
+        assert_eq!(a.len(), 63);
+        assert_ne!(a, b);
+        let long_ws = cluster_namespace(&"w".repeat(63), &"c".repeat(63));
+        assert!(is_dns_label(&long_ws), "{long_ws}");
+    }
+
+    #[test]
+    fn cluster_namespace_separates_ambiguous_pairs() {
+        // Same readable part, different (workspace, name) pairs.
+        let a = cluster_namespace("a-b", "c");
+        let b = cluster_namespace("a", "b-c");
+        assert_ne!(a, b);
+        assert!(is_dns_label(&cluster_namespace("UPPER_case", "x.y")));
+        assert!(is_dns_label(&cluster_namespace("-", "-")));
+    }
+
+    #[test]
+    fn copy_names_are_valid_unique_and_stable() {
+        let n = copy_name("app", "Secret", "db-creds");
+        assert!(n.starts_with("app-secret-db-creds-"), "{n}");
+        assert!(is_dns_subdomain(&n));
+        assert_eq!(n, copy_name("app", "Secret", "db-creds"));
+        assert_ne!(n, copy_name("app", "ConfigMap", "db-creds"));
+        assert_ne!(
+            copy_name("a", "Secret", "x-secret-y"),
+            copy_name("a-secret-x", "Secret", "y")
+        );
+        let long = "s".repeat(253);
+        let a = copy_name(&"b".repeat(63), "ConfigMap", &format!("{long}a"));
+        let b = copy_name(&"b".repeat(63), "ConfigMap", &format!("{long}b"));
+        assert!(is_dns_subdomain(&a) && is_dns_subdomain(&b));
+        assert_ne!(a, b);
+        assert!(is_dns_subdomain(&copy_name("app", "Secret", "dotted.name")));
+    }
+
+    #[test]
+    fn bundle_deployment_is_named_after_its_bundle() {
+        assert_eq!(bundle_deployment_name("app"), "app");
+    }
+}
