@@ -1,0 +1,1 @@
+//! Harness for running tender-agent in-process in end-to-end tests.

@@ -1,0 +1,1 @@
+//! Harness for running tender-hub in-process in end-to-end tests.
