@@ -1,0 +1,372 @@
+//! `tender cluster add`: register a downstream cluster on the hub and produce what its agent
+//! needs — a hub kubeconfig scoped to the cluster's namespace and the install manifests.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tender_types::{Cluster, ClusterSpec, labels, names, namespaces};
+
+/// Name of the ServiceAccount the hub creates for each agent in the cluster namespace.
+pub const AGENT_SERVICE_ACCOUNT: &str = "tender-agent";
+/// Name of the long-lived token Secret of that ServiceAccount.
+pub const AGENT_TOKEN_SECRET: &str = "tender-agent-token";
+/// Name of the downstream Secret holding the agent's hub kubeconfig (key `kubeconfig`).
+pub const HUB_KUBECONFIG_SECRET: &str = "tender-agent-hub";
+/// Default agent image.
+pub const DEFAULT_AGENT_IMAGE: &str = concat!(
+    "ghcr.io/tender-dev/tender-agent:v",
+    env!("CARGO_PKG_VERSION")
+);
+
+/// Arguments of `tender cluster`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `tender cluster` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Register a downstream cluster on the hub and print (or apply) its agent's install manifests.
+    Add(AddArgs),
+}
+
+/// Arguments of `tender cluster add`.
+#[derive(Debug, clap::Args)]
+pub struct AddArgs {
+    /// Name of the Cluster object (a DNS label).
+    pub name: String,
+    /// Workspace namespace on the hub the Cluster is registered in.
+    #[arg(
+        long,
+        short = 'n',
+        default_value = "tender-default",
+        env = "TENDER_WORKSPACE"
+    )]
+    pub workspace: String,
+    /// Labels for the Cluster (what Bundle targets select), `key=value`; repeatable.
+    #[arg(long = "label", short = 'l', value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
+    #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
+    pub hub_kubeconfig: Option<PathBuf>,
+    /// Hub apiserver URL as the agent reaches it (default: the server of the hub kubeconfig).
+    #[arg(long)]
+    pub hub_server: Option<String>,
+    /// Namespace the agent runs in downstream.
+    #[arg(long, default_value = namespaces::DEFAULT_AGENT_NAMESPACE)]
+    pub agent_namespace: String,
+    /// Agent container image.
+    #[arg(long, default_value = DEFAULT_AGENT_IMAGE)]
+    pub image: String,
+    /// Write only the agent's hub kubeconfig to this file instead of printing manifests.
+    #[arg(long)]
+    pub kubeconfig_out: Option<PathBuf>,
+    /// How long to wait for the hub to prepare the cluster namespace and agent token.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("label {s:?} is not key=value"))?;
+    if !labels::is_label_value(v) {
+        return Err(format!("label value {v:?} is not a valid label value"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+    let n: u64 = n.parse().map_err(|_| format!("bad duration {s:?}"))?;
+    match unit {
+        "" | "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("bad duration {s:?}: use e.g. 90s or 2m")),
+    }
+}
+
+/// What registering a cluster yields.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// The cluster's namespace on the hub.
+    pub cluster_namespace: String,
+    /// Kubeconfig for the agent: the hub server, its CA and the agent's token.
+    pub hub_kubeconfig: String,
+}
+
+/// Creates (or updates) the Cluster on the hub, waits for the hub to prepare its namespace and
+/// agent token, and returns the agent's hub kubeconfig.
+pub async fn register(
+    hub: &kube::Client,
+    hub_server: &str,
+    workspace: &str,
+    name: &str,
+    cluster_labels: &BTreeMap<String, String>,
+    agent_namespace: &str,
+    timeout: Duration,
+) -> Result<Registration> {
+    if !names::is_dns_label(name) {
+        bail!(
+            "cluster name {name:?} must be a DNS label (lowercase letters, digits, '-', at most 63)"
+        );
+    }
+    let clusters: Api<Cluster> = Api::namespaced(hub.clone(), workspace);
+    let mut cluster = Cluster::new(
+        name,
+        ClusterSpec {
+            agent_namespace: Some(agent_namespace.to_string()),
+            paused: false,
+        },
+    );
+    cluster.metadata.labels = Some(cluster_labels.clone());
+    clusters
+        .patch(
+            name,
+            &PatchParams::apply("tender-cli"),
+            &Patch::Apply(&cluster),
+        )
+        .await
+        .with_context(|| format!("creating Cluster {workspace}/{name} on the hub"))?;
+
+    let cluster_namespace = names::cluster_namespace(workspace, name);
+    let secrets: Api<Secret> = Api::namespaced(hub.clone(), &cluster_namespace);
+    let deadline = Instant::now() + timeout;
+    let (token, ca) = loop {
+        if let Some(s) = secrets.get_opt(AGENT_TOKEN_SECRET).await.ok().flatten() {
+            let data = s.data.unwrap_or_default();
+            if let (Some(t), Some(ca)) = (data.get("token"), data.get("ca.crt")) {
+                break (
+                    String::from_utf8(t.0.clone()).context("agent token is not UTF-8")?,
+                    ca.0.clone(),
+                );
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the hub did not prepare {cluster_namespace}/{AGENT_TOKEN_SECRET} within {timeout:?}: \
+                 is tender-hub running and watching workspace {workspace}?"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    Ok(Registration {
+        hub_kubeconfig: hub_kubeconfig(hub_server, &ca, &token, &cluster_namespace),
+        cluster_namespace,
+    })
+}
+
+/// A kubeconfig for the agent with a bearer token.
+pub fn hub_kubeconfig(server: &str, ca_pem: &[u8], token: &str, namespace: &str) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: hub\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+         users:\n- name: tender-agent\n  user:\n    token: {token}\n\
+         contexts:\n- name: hub\n  context:\n    cluster: hub\n    user: tender-agent\n    namespace: {namespace}\n\
+         current-context: hub\n"
+    )
+}
+
+/// The downstream install manifests for an agent: namespace, identity, RBAC, the hub
+/// kubeconfig Secret and the Deployment. Pure, so it is unit-tested.
+pub fn agent_manifests(
+    workspace: &str,
+    cluster: &str,
+    agent_namespace: &str,
+    image: &str,
+    hub_kubeconfig: &str,
+) -> Vec<serde_json::Value> {
+    let app = BTreeMap::from([
+        ("app.kubernetes.io/name", "tender-agent"),
+        (labels::MANAGED_BY, "tender-cli"),
+    ]);
+    vec![
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": agent_namespace}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": "tender-agent", "namespace": agent_namespace, "labels": app}}),
+        // The agent applies arbitrary manifests from Bundles, so downstream it needs broad
+        // rights; narrow this ClusterRole to what your Bundles deploy.
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "tender-agent", "labels": app},
+               "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "tender-agent", "labels": app},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tender-agent"},
+               "subjects": [{"kind": "ServiceAccount", "name": "tender-agent", "namespace": agent_namespace}]}),
+        json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+               "metadata": {"name": HUB_KUBECONFIG_SECRET, "namespace": agent_namespace, "labels": app},
+               "stringData": {"kubeconfig": hub_kubeconfig}}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "tender-agent", "namespace": agent_namespace, "labels": app},
+        "spec": {
+          "replicas": 1,
+          "strategy": {"type": "Recreate"},
+          "selector": {"matchLabels": {"app.kubernetes.io/name": "tender-agent"}},
+          "template": {
+            "metadata": {"labels": {"app.kubernetes.io/name": "tender-agent"}},
+            "spec": {
+              "serviceAccountName": "tender-agent",
+              "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+              "containers": [{
+                "name": "agent",
+                "image": image,
+                "args": ["--hub-kubeconfig=/etc/tender/hub/kubeconfig",
+                         format!("--workspace-namespace={workspace}"),
+                         format!("--cluster-name={cluster}")],
+                "env": [{"name": tender_types::gate::COPY_RESOURCES_ENV, "value": "true"},
+                        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+                "ports": [{"name": "metrics", "containerPort": 8080}],
+                "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}},
+                "readinessProbe": {"httpGet": {"path": "/readyz", "port": "metrics"}},
+                "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+                                    "capabilities": {"drop": ["ALL"]}},
+                "volumeMounts": [{"name": "hub", "mountPath": "/etc/tender/hub", "readOnly": true}]
+              }],
+              "volumes": [{"name": "hub", "secret": {"secretName": HUB_KUBECONFIG_SECRET}}]
+            }
+          }
+        }}),
+    ]
+}
+
+/// Runs `tender cluster ...`.
+pub async fn run(args: Args) -> Result<()> {
+    match args.command {
+        Command::Add(a) => add(a).await,
+    }
+}
+
+async fn add(a: AddArgs) -> Result<()> {
+    let config = match &a.hub_kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("loading the hub kubeconfig")?,
+    };
+    let server = a.hub_server.clone().unwrap_or_else(|| {
+        config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string()
+    });
+    let hub = tender_runtime::client::client_from_config(config, None, "tender-cli")?;
+    let cluster_labels: BTreeMap<String, String> = a.labels.iter().cloned().collect();
+    let reg = register(
+        &hub,
+        &server,
+        &a.workspace,
+        &a.name,
+        &cluster_labels,
+        &a.agent_namespace,
+        a.timeout,
+    )
+    .await?;
+    eprintln!(
+        "registered Cluster {}/{} (hub namespace {})",
+        a.workspace, a.name, reg.cluster_namespace
+    );
+    if let Some(path) = a.kubeconfig_out {
+        std::fs::write(&path, &reg.hub_kubeconfig)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("agent hub kubeconfig written to {}", path.display());
+        return Ok(());
+    }
+    eprintln!(
+        "apply the agent on the downstream cluster: tender cluster add ... | kubectl apply -f -"
+    );
+    for m in agent_manifests(
+        &a.workspace,
+        &a.name,
+        &a.agent_namespace,
+        &a.image,
+        &reg.hub_kubeconfig,
+    ) {
+        print!("---\n{}", serde_saphyr::to_string(&m)?);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_parse_and_reject_bad_values() {
+        assert_eq!(
+            parse_label("env=prod").unwrap(),
+            ("env".to_string(), "prod".to_string())
+        );
+        assert!(parse_label("env").is_err());
+        assert!(parse_label("env=not a value").is_err());
+    }
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("15").unwrap(), Duration::from_secs(15));
+        assert!(parse_duration("1h").is_err());
+    }
+
+    #[test]
+    fn agent_manifests_mount_the_hub_kubeconfig_and_enable_the_gate() {
+        let ms = agent_manifests(
+            "tender-default",
+            "east",
+            "tender-system",
+            "img:1",
+            "KUBECONFIG",
+        );
+        let kinds: Vec<_> = ms.iter().map(|m| m["kind"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "Namespace",
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Secret",
+                "Deployment"
+            ]
+        );
+        let secret = &ms[4];
+        assert_eq!(secret["metadata"]["namespace"], "tender-system");
+        assert_eq!(secret["stringData"]["kubeconfig"], "KUBECONFIG");
+        let c = &ms[5]["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["image"], "img:1");
+        let args: Vec<_> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(args.contains(&"--cluster-name=east"));
+        assert!(args.contains(&"--workspace-namespace=tender-default"));
+        assert_eq!(c["env"][0]["name"], tender_types::gate::COPY_RESOURCES_ENV);
+        assert_eq!(c["env"][0]["value"], "true");
+    }
+
+    #[test]
+    fn hub_kubeconfig_parses_and_sets_the_cluster_namespace() {
+        let text = hub_kubeconfig("https://hub:6443", b"CA", "tok", "cluster-ns");
+        let kc = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+        let ctx = kc.contexts[0].context.as_ref().unwrap();
+        assert_eq!(ctx.namespace.as_deref(), Some("cluster-ns"));
+        let user = kc.auth_infos[0].auth_info.as_ref().unwrap();
+        assert!(user.token.is_some());
+    }
+}
