@@ -16,20 +16,24 @@ pub async fn install_crds(client: &kube::Client) -> Result<()> {
         api.patch(&name, &pp, &Patch::Apply(&crd))
             .await
             .with_context(|| format!("applying CRD {name}"))?;
-        crate::eventually(&format!("CRD {name} Established"), Duration::from_secs(60), || {
-            let api = api.clone();
-            let name = name.clone();
-            async move {
-                let crd = api.get(&name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok::<_, kube::Error>(established.then_some(()))
-            }
-        })
+        crate::eventually(
+            &format!("CRD {name} Established"),
+            Duration::from_secs(60),
+            || {
+                let api = api.clone();
+                let name = name.clone();
+                async move {
+                    let crd = api.get(&name).await?;
+                    let established = crd
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True");
+                    Ok::<_, kube::Error>(established.then_some(()))
+                }
+            },
+        )
         .await;
     }
     Ok(())

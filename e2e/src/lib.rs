@@ -44,9 +44,9 @@ pub async fn shared_env(downstream: usize) -> &'static TestEnv {
     env
 }
 
-/// Running tender's hub in-process against the test environment (owned by the hub work).
-pub mod hub_harness;
 /// Registering clusters and running agents in-process (owned by the agent work).
 pub mod agent_harness;
 /// Installing the CRDs into a test cluster.
 pub mod crds;
+/// Running tender's hub in-process against the test environment (owned by the hub work).
+pub mod hub_harness;

@@ -4,13 +4,17 @@ use std::path::Path;
 
 #[test]
 fn committed_crds_match_the_types() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/crds");
-    let problems = tender_cli::crdgen::diff(&dir).expect("comparing CRDs");
-    assert!(
-        problems.is_empty(),
-        "deploy/crds is stale:\n{}\nrun `cargo run -p tender-cli -- crdgen` and commit the result",
-        problems.join("\n")
-    );
+    for rel in tender_cli::crdgen::DEFAULT_OUT_DIRS {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(rel);
+        let problems = tender_cli::crdgen::diff(&dir).expect("comparing CRDs");
+        assert!(
+            problems.is_empty(),
+            "{rel} is stale:\n{}\nrun `cargo run -p tender-cli -- crdgen` and commit the result",
+            problems.join("\n")
+        );
+    }
 }
 
 #[test]
