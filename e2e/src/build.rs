@@ -66,10 +66,48 @@ pub fn ensure_controlplane() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("TENDER_CONTROLPLANE_BIN") {
         return Ok(PathBuf::from(p));
     }
-    let src = source_dir();
-    let stamp = stamp(&src)?;
-    let dir = cache_root().join("controlplane").join(&stamp);
-    let bin = dir.join("controlplane");
+    let minor = KUBERNETES_VERSION.split('.').nth(1).unwrap_or("0");
+    let ldflags = [
+        "-s -w".to_string(),
+        format!("-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}"),
+        "-X k8s.io/component-base/version.gitMajor=1".to_string(),
+        format!("-X k8s.io/component-base/version.gitMinor={minor}"),
+        "-X k8s.io/component-base/version.gitTreeState=clean".to_string(),
+        format!("-X k8s.io/client-go/pkg/version.gitVersion={KUBERNETES_VERSION}"),
+    ]
+    .join(" ");
+    ensure_go_binary(
+        &source_dir(),
+        ".",
+        "controlplane",
+        &ldflags,
+        &format!("the control plane (Kubernetes {KUBERNETES_VERSION})"),
+    )
+}
+
+/// Returns the path of the Helm CLI pinned in `e2e/tools/helm`, building it if needed.
+pub fn ensure_helm() -> Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/helm");
+    ensure_go_binary(
+        &dir,
+        "helm.sh/helm/v3/cmd/helm",
+        "helm",
+        "-s -w",
+        "the Helm CLI",
+    )
+}
+
+/// Builds `package` of the Go module in `src` into the cache, keyed by the module's stamp.
+fn ensure_go_binary(
+    src: &Path,
+    package: &str,
+    name: &str,
+    ldflags: &str,
+    what: &str,
+) -> Result<PathBuf> {
+    let stamp = stamp(src)?;
+    let dir = cache_root().join(name).join(&stamp);
+    let bin = dir.join(name);
     if bin.exists() {
         return Ok(bin);
     }
@@ -83,35 +121,27 @@ pub fn ensure_controlplane() -> Result<PathBuf> {
         return Ok(bin);
     }
     eprintln!(
-        "tender-e2e: building the control plane (Kubernetes {KUBERNETES_VERSION}) into {}; \
-         the first build downloads modules and takes several minutes",
+        "tender-e2e: building {what} into {}; the first build downloads modules and takes minutes",
         dir.display()
     );
     let started = Instant::now();
-    let minor = KUBERNETES_VERSION.split('.').nth(1).unwrap_or("0");
-    let ldflags = [
-        "-s -w".to_string(),
-        format!("-X k8s.io/component-base/version.gitVersion={KUBERNETES_VERSION}"),
-        "-X k8s.io/component-base/version.gitMajor=1".to_string(),
-        format!("-X k8s.io/component-base/version.gitMinor={minor}"),
-        "-X k8s.io/component-base/version.gitTreeState=clean".to_string(),
-        format!("-X k8s.io/client-go/pkg/version.gitVersion={KUBERNETES_VERSION}"),
-    ]
-    .join(" ");
-    let tmp = dir.join("controlplane.partial");
+    let tmp = dir.join(format!("{name}.partial"));
     let status = Command::new("go")
-        .current_dir(&src)
-        .args(["build", "-trimpath", "-ldflags", &ldflags, "-o"])
+        .current_dir(src)
+        .args(["build", "-trimpath", "-ldflags", ldflags, "-o"])
         .arg(&tmp)
-        .arg(".")
+        .arg(package)
         .status()
-        .context("running `go build` for the control plane")?;
+        .context("running `go build`: is Go installed and on PATH?")?;
     if !status.success() {
-        bail!("`go build` of {} failed ({status})", src.display());
+        bail!(
+            "`go build` of {package} in {} failed ({status})",
+            src.display()
+        );
     }
     fs::rename(&tmp, &bin)?;
     eprintln!(
-        "tender-e2e: control plane built in {:.0}s",
+        "tender-e2e: built {what} in {:.0}s",
         started.elapsed().as_secs_f64()
     );
     Ok(bin)
