@@ -1,0 +1,397 @@
+//! `tender-demo`: the main job on the built-in local environment.
+//!
+//! Starts a real hub and two downstream clusters on loopback, runs the hub and one agent per
+//! cluster (the same library code the `tender-hub` and `tender-agent` binaries run, with their
+//! /metrics servers), registers the clusters the way `tender cluster add` does, applies
+//! `examples/sources.yaml` and `examples/bundle.yaml`, shows the Secret and ConfigMap arriving
+//! downstream before the manifests, rotates the Secret on the hub and times its arrival.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::discovery::{Discovery, Scope};
+use kube::{Resource, ResourceExt};
+use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
+use tender_runtime::{Health, Metrics};
+use tender_types::{Bundle, Cluster, hash, labels};
+
+const WORKSPACE: &str = "tender-default";
+const CLUSTERS: [(&str, usize); 2] = [("east", 1), ("west", 2)];
+
+#[derive(Parser)]
+#[command(about = "tender on a real local hub + 2 downstream clusters: copy, deploy, rotate")]
+struct Args {
+    /// Keep everything running after the demo (until Ctrl-C) to poke at it with kubectl.
+    #[arg(long)]
+    keep_running: bool,
+    /// State directory (kubeconfigs, logs); a temporary one when not given.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// First port of the metrics servers (hub, then one per agent).
+    #[arg(long, default_value_t = 9090)]
+    metrics_port: u16,
+}
+
+fn step(text: &str) {
+    println!("\n==> {text}");
+}
+
+fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    // kube_client logs every non-2xx at error level, including the /readyz polls at start-up.
+    tender_runtime::telemetry::init(tender_runtime::LogFormat::Text, "warn,kube_client=off")?;
+
+    step(
+        "Starting the local environment: etcd, a hub and 2 downstream clusters (real kube-apiserver + kube-controller-manager)",
+    );
+    let started = Instant::now();
+    let env = TestEnv::start(EnvOptions {
+        downstream: CLUSTERS.len(),
+        state_dir: args.state_dir.clone(),
+    })
+    .await?;
+    println!("    ready in {:.1}s", started.elapsed().as_secs_f64());
+    for c in env.clusters() {
+        println!(
+            "    {:<13} {}  kubeconfig {}",
+            c.name,
+            c.server,
+            c.kubeconfig.display()
+        );
+    }
+    let hub = env.client(HUB).await?;
+
+    step("Installing the tender CRDs on the hub and creating workspace tender-default");
+    install_crds(&hub).await?;
+    apply_yaml(
+        &hub,
+        &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {WORKSPACE}\n"),
+    )
+    .await?;
+
+    step("Starting tender-hub (EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM=true)");
+    let mut tasks = Vec::new();
+    let hub_addr = SocketAddr::from(([127, 0, 0, 1], args.metrics_port));
+    tasks.push(start_hub(&env, hub_addr).await?);
+    println!("    metrics: http://{hub_addr}/metrics");
+
+    step(
+        "Registering clusters east and west (env=prod), as `tender cluster add` does, and starting their agents",
+    );
+    for (i, (name, n)) in CLUSTERS.iter().enumerate() {
+        let reg = tender_cli::cluster::register(
+            &hub,
+            &env.cluster(HUB).server,
+            WORKSPACE,
+            name,
+            &BTreeMap::from([("env".to_string(), "prod".to_string())]),
+            tender_types::namespaces::DEFAULT_AGENT_NAMESPACE,
+            Duration::from_secs(60),
+        )
+        .await?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], args.metrics_port + 1 + i as u16));
+        tasks.push(start_agent(&env, &reg.hub_kubeconfig, &downstream_name(*n), name, addr).await?);
+        println!(
+            "    {name}: hub namespace {}, agent on {}, metrics http://{addr}/metrics",
+            reg.cluster_namespace,
+            downstream_name(*n)
+        );
+    }
+
+    step("Applying examples/sources.yaml (a Secret and a ConfigMap) and examples/bundle.yaml");
+    apply_yaml(
+        &hub,
+        &std::fs::read_to_string(repo_file("examples/sources.yaml"))?,
+    )
+    .await?;
+    let applied = Instant::now();
+    apply_yaml(
+        &hub,
+        &std::fs::read_to_string(repo_file("examples/bundle.yaml"))?,
+    )
+    .await?;
+
+    let secrets: Api<Secret> = Api::namespaced(hub.clone(), WORKSPACE);
+    let source = secrets.get("registry-creds").await?;
+    let want = source.data.clone().unwrap_or_default();
+    for (name, n) in CLUSTERS {
+        let down = env.client(&downstream_name(n)).await?;
+        let secret = wait_secret_data(&down, &want, Duration::from_secs(90)).await?;
+        let cm = wait_for(
+            &Api::<ConfigMap>::namespaced(down.clone(), "apps"),
+            "app-settings",
+        )
+        .await?;
+        let sa = wait_for(
+            &Api::<ServiceAccount>::namespaced(down.clone(), "apps"),
+            "puller",
+        )
+        .await?;
+        let wiring = wait_for(
+            &Api::<ConfigMap>::namespaced(down.clone(), "apps"),
+            "app-wiring",
+        )
+        .await?;
+        println!(
+            "    {name} ({}) after {:.1}s: Secret apps/registry-creds (type {}, data digest {}), ConfigMap apps/app-settings ({} keys)",
+            downstream_name(n),
+            applied.elapsed().as_secs_f64(),
+            secret.type_.clone().unwrap_or_default(),
+            data_digest(&want),
+            cm.data.as_ref().map(|d| d.len()).unwrap_or_default(),
+        );
+        let copies_first = [rv(&secret), rv(&cm)].into_iter().max().unwrap_or(0)
+            < [rv(&sa), rv(&wiring)].into_iter().min().unwrap_or(u64::MAX);
+        println!(
+            "      copies before manifests: {} (copies resourceVersion < ServiceAccount apps/puller and ConfigMap apps/app-wiring)",
+            if copies_first { "yes" } else { "NO" }
+        );
+        if !copies_first {
+            bail!("{name}: a manifest object was created before the copies");
+        }
+    }
+
+    step("Rotating the Secret on the hub (nobody touches the Bundle)");
+    let rotated = Instant::now();
+    let mut data = BTreeMap::new();
+    data.insert(
+        ".dockerconfigjson".to_string(),
+        ByteString(br#"{"auths":{"registry.example.com":{"auth":"ZGVtbzpyMHQ0dDNk"}}}"#.to_vec()),
+    );
+    let patch = serde_json::json!({"data": data});
+    let rotated_secret = secrets
+        .patch(
+            "registry-creds",
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    let want = rotated_secret.data.clone().unwrap_or_default();
+    for (name, n) in CLUSTERS {
+        let down = env.client(&downstream_name(n)).await?;
+        wait_secret_data(&down, &want, Duration::from_secs(60)).await?;
+        println!(
+            "    rotation arrived at {name} in {} ms (new data digest {})",
+            rotated.elapsed().as_millis(),
+            data_digest(&want)
+        );
+    }
+
+    step("Status on the hub (`tender status -n tender-default`)");
+    wait_bundle_ready(&hub).await?;
+    let bundles = Api::<Bundle>::namespaced(hub.clone(), WORKSPACE)
+        .list(&Default::default())
+        .await?;
+    let clusters = Api::<Cluster>::namespaced(hub.clone(), WORKSPACE)
+        .list(&Default::default())
+        .await?;
+    print!(
+        "{}",
+        tender_cli::status::render(&bundles.items, &clusters.items)
+    );
+
+    if args.keep_running {
+        step("Everything keeps running; Ctrl-C stops it. Try:");
+        println!(
+            "    kubectl --kubeconfig {} get tender -A",
+            env.cluster(HUB).kubeconfig.display()
+        );
+        println!(
+            "    kubectl --kubeconfig {} -n apps get secret,configmap,serviceaccount",
+            env.cluster(&downstream_name(1)).kubeconfig.display()
+        );
+        tokio::signal::ctrl_c().await?;
+    }
+    step("Done: stopping hub, agents and clusters");
+    for t in tasks {
+        t.abort();
+    }
+    env.stop();
+    Ok(())
+}
+
+fn rv<K: Resource>(obj: &K) -> u64 {
+    obj.meta()
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn start_hub(env: &TestEnv, addr: SocketAddr) -> Result<tokio::task::JoinHandle<()>> {
+    let mut metrics = Metrics::new();
+    let hub_metrics = tender_hub::HubMetrics::register(&mut metrics);
+    let metrics = Arc::new(metrics);
+    let config = kube_config(&env.kubeconfig_as(HUB, tender_e2e::ADMIN_USER)).await?;
+    let client =
+        tender_runtime::client::client_from_config(config, Some(metrics.clone()), "tender-hub")?;
+    let health = Health::new();
+    let server = tender_runtime::serve(addr, metrics.clone(), health.clone());
+    let hub_config = tender_hub::HubConfig {
+        copy_resources_downstream: true,
+        workspace_namespaces: vec![WORKSPACE.to_string()],
+        ..tender_hub::HubConfig::default()
+    };
+    Ok(tokio::spawn(async move {
+        let run = tender_hub::run(
+            client,
+            hub_config,
+            metrics,
+            hub_metrics,
+            health,
+            std::future::pending(),
+        );
+        tokio::select! {
+            r = run => if let Err(e) = r { eprintln!("tender-hub stopped: {e}") },
+            r = server => if let Err(e) = r { eprintln!("tender-hub metrics server: {e}") },
+        }
+    }))
+}
+
+async fn start_agent(
+    env: &TestEnv,
+    hub_kubeconfig: &str,
+    downstream: &str,
+    cluster: &str,
+    addr: SocketAddr,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let metrics = tender_agent::AgentMetrics::register(Metrics::new());
+    let hub = tender_runtime::client::client_from_config(
+        kube_config(hub_kubeconfig).await?,
+        Some(metrics.shared()),
+        "tender-agent",
+    )?;
+    let down = tender_runtime::client::client_from_config(
+        kube_config(&env.kubeconfig_as(downstream, tender_e2e::ADMIN_USER)).await?,
+        Some(metrics.shared()),
+        "tender-agent",
+    )?;
+    let health = Health::new();
+    let server = tender_runtime::serve(addr, metrics.shared(), health.clone());
+    let config = tender_agent::AgentConfig::new(WORKSPACE, cluster);
+    Ok(tokio::spawn(async move {
+        let run = tender_agent::run(hub, down, config, metrics, health, std::future::pending());
+        tokio::select! {
+            r = run => if let Err(e) = r { eprintln!("tender-agent stopped: {e}") },
+            r = server => if let Err(e) = r { eprintln!("tender-agent metrics server: {e}") },
+        }
+    }))
+}
+
+async fn kube_config(yaml: &str) -> Result<kube::Config> {
+    let kc = kube::config::Kubeconfig::from_yaml(yaml)?;
+    Ok(kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?)
+}
+
+/// Server-side applies every document of `yaml` (like `kubectl apply --server-side`).
+async fn apply_yaml(client: &kube::Client, yaml: &str) -> Result<()> {
+    let discovery = Discovery::new(client.clone()).run().await?;
+    let pp = PatchParams::apply("tender-demo").force();
+    for obj in serde_saphyr::from_multiple::<Option<DynamicObject>>(yaml)?
+        .into_iter()
+        .flatten()
+    {
+        let types = obj
+            .types
+            .clone()
+            .context("object without apiVersion/kind")?;
+        let gvk = kube::api::GroupVersionKind::try_from(&types)?;
+        let (ar, caps) = discovery
+            .resolve_gvk(&gvk)
+            .with_context(|| format!("{} {} is not served", types.api_version, types.kind))?;
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => {
+                Api::namespaced_with(client.clone(), &obj.namespace().unwrap_or_default(), &ar)
+            }
+            Scope::Cluster => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(&obj.name_any(), &pp, &Patch::Apply(&obj))
+            .await
+            .with_context(|| format!("applying {} {}", types.kind, obj.name_any()))?;
+    }
+    Ok(())
+}
+
+async fn wait_for<K>(api: &Api<K>, name: &str) -> Result<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(o) = api.get_opt(name).await? {
+            return Ok(o);
+        }
+        if Instant::now() > deadline {
+            bail!("{name} did not appear downstream");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A short digest of Secret data, so the demo can show which version arrived without
+/// printing a Secret value.
+fn data_digest(data: &BTreeMap<String, ByteString>) -> String {
+    let v = serde_json::to_value(data).unwrap_or_default();
+    hash::value_hash(&v)[..12].to_string()
+}
+
+/// Waits for apps/registry-creds downstream to carry exactly `want` as its data.
+async fn wait_secret_data(
+    down: &kube::Client,
+    want: &BTreeMap<String, ByteString>,
+    timeout: Duration,
+) -> Result<Secret> {
+    let api: Api<Secret> = Api::namespaced(down.clone(), "apps");
+    let started = Instant::now();
+    loop {
+        if let Some(s) = api.get_opt("registry-creds").await? {
+            let managed = s.labels().get(labels::MANAGED_BY).map(String::as_str)
+                == Some(labels::MANAGED_BY_VALUE);
+            if managed && s.data.as_ref() == Some(want) {
+                return Ok(s);
+            }
+        }
+        if started.elapsed() > timeout {
+            bail!(
+                "the Secret with data digest {} did not arrive downstream in {timeout:?}",
+                data_digest(want)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_bundle_ready(hub: &kube::Client) -> Result<()> {
+    let api: Api<Bundle> = Api::namespaced(hub.clone(), WORKSPACE);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let b = api.get("registry-creds").await?;
+        let ready = b
+            .status
+            .as_ref()
+            .map(|s| {
+                tender_types::conditions::is_true(
+                    &s.conditions,
+                    tender_types::conditions::TYPE_READY,
+                )
+            })
+            .unwrap_or(false);
+        if ready || Instant::now() > deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
