@@ -1,1 +1,232 @@
 //! Harness for running tender-hub in-process in end-to-end tests.
+//!
+//! Each test starts its own hub scoped to its own workspace namespace, so tests run in
+//! parallel against one hub apiserver. The hub's client counts its requests, so a test can
+//! assert "no writes" from the hub's own metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tender_hub::{HubConfig, HubMetrics, LeaderConfig};
+use tender_runtime::{Health, Metrics};
+use tender_types::names;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::{ADMIN_USER, HUB, TestEnv, eventually, kubeconfig_yaml};
+
+/// Verbs that change state on the apiserver.
+pub const WRITE_VERBS: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+/// A hub config for tests: serves only `workspace`, copies on, and competes for its own
+/// Lease in the workspace (so parallel tests never share a leader).
+pub fn hub_config(workspace: &str) -> HubConfig {
+    HubConfig {
+        copy_resources_downstream: true,
+        workspace_namespaces: vec![workspace.to_string()],
+        leader_election: Some(LeaderConfig {
+            namespace: workspace.to_string(),
+            lease_name: "tender-hub".to_string(),
+            identity: crate::unique_name("hub"),
+        }),
+        instance: format!("tender-hub-e2e-{workspace}"),
+        ..HubConfig::default()
+    }
+}
+
+/// A hub running in this process.
+pub struct HubHandle {
+    /// The hub's metrics registry (its client counts every request here).
+    pub metrics: Arc<Metrics>,
+    /// The hub's own metric families.
+    pub hub_metrics: HubMetrics,
+    /// The hub's readiness.
+    pub health: Health,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), tender_hub::Error>>>,
+}
+
+/// One `kube_requests_total` series: verb, resource, subresource and count.
+pub type RequestSeries = (String, String, String, u64);
+
+fn label<'a>(labels: &'a str, key: &str) -> &'a str {
+    let pat = format!("{key}=\"");
+    labels
+        .find(&pat)
+        .map(|i| &labels[i + pat.len()..])
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or("")
+}
+
+/// Every `kube_requests_total` series in an OpenMetrics text.
+pub fn request_series(text: &str) -> Vec<RequestSeries> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("kube_requests_total{"))
+        .filter_map(|rest| {
+            let (labels, value) = rest.split_once("} ")?;
+            Some((
+                label(labels, "verb").to_string(),
+                label(labels, "resource").to_string(),
+                label(labels, "subresource").to_string(),
+                value.trim().parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+impl HubHandle {
+    /// Write requests (create/update/patch/delete) the hub has sent, leader-election Lease
+    /// renewals excluded.
+    pub fn writes(&self) -> u64 {
+        self.write_series().iter().map(|s| s.3).sum()
+    }
+
+    /// The non-zero write series, for failure messages.
+    pub fn write_series(&self) -> Vec<RequestSeries> {
+        request_series(&self.metrics.encode())
+            .into_iter()
+            .filter(|(verb, resource, _, n)| {
+                *n > 0 && WRITE_VERBS.contains(&verb.as_str()) && resource != "leases"
+            })
+            .collect()
+    }
+
+    /// Reconciliations started by `controller` (`bundle`, `cluster`, `clustergroup`).
+    pub fn reconciles(&self, controller: &str) -> u64 {
+        let pat = format!("reconciles_total{{controller=\"{controller}\"}} ");
+        self.metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(&pat).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or(0)
+    }
+
+    /// Waits until the hub reports ready (caches synced, controllers running).
+    pub async fn wait_ready(&self, timeout: Duration) {
+        let health = self.health.clone();
+        eventually("the hub to become ready", timeout, || {
+            let ready = health.is_ready();
+            async move { Ok::<_, std::convert::Infallible>(ready.then_some(())) }
+        })
+        .await;
+    }
+
+    /// Stops the hub (releasing its Lease) and waits for it to finish.
+    pub async fn stop(mut self) -> Result<()> {
+        self.shutdown().await
+    }
+
+    async fn shutdown(&mut self) -> Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await.context("hub task panicked")??;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HubHandle {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Starts a hub in-process against `env`'s hub cluster (as admin) and waits until it is
+/// ready. With leader election configured, ready also means it leads.
+pub async fn start_hub(env: &TestEnv, config: HubConfig) -> Result<HubHandle> {
+    let mut metrics = Metrics::new();
+    let hub_metrics = HubMetrics::register(&mut metrics);
+    let metrics = Arc::new(metrics);
+    let kubeconfig = Kubeconfig::from_yaml(&env.kubeconfig_as(HUB, ADMIN_USER))?;
+    let kconfig =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    let client = tender_runtime::client::client_from_config(
+        kconfig,
+        Some(metrics.clone()),
+        "tender-hub-e2e",
+    )?;
+    let health = Health::new();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let leading = config.leader_election.is_some();
+    let task = tokio::spawn(tender_hub::run(
+        client,
+        config,
+        metrics.clone(),
+        hub_metrics.clone(),
+        health.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let handle = HubHandle {
+        metrics,
+        hub_metrics,
+        health,
+        stop: Some(stop_tx),
+        task: Some(task),
+    };
+    if leading {
+        // A standby is ready too; wait for this instance to hold the Lease and sync.
+        let m = handle.metrics.clone();
+        eventually(
+            "the hub to lead and start its controllers",
+            Duration::from_secs(60),
+            || {
+                let started = m
+                    .encode()
+                    .contains("kube_requests_total{verb=\"watch\",resource=\"bundles\"");
+                async move { Ok::<_, std::convert::Infallible>(started.then_some(())) }
+            },
+        )
+        .await;
+    }
+    handle.wait_ready(Duration::from_secs(60)).await;
+    Ok(handle)
+}
+
+/// A kubeconfig for the hub cluster with the identity of `cluster`'s agent: the token from the
+/// `tender-agent-token` Secret in its cluster namespace (waits until the token controller has
+/// filled it), the test CA and the hub's address.
+pub async fn agent_kubeconfig(
+    env: &TestEnv,
+    hub: &kube::Client,
+    workspace: &str,
+    cluster: &str,
+) -> Result<String> {
+    let ns = names::cluster_namespace(workspace, cluster);
+    let secrets: Api<Secret> = Api::namespaced(hub.clone(), &ns);
+    let token = eventually(
+        &format!("the agent token of cluster {cluster} in {ns}"),
+        Duration::from_secs(60),
+        || async {
+            let secret = secrets.get_opt(names::AGENT_TOKEN_SECRET).await?;
+            Ok::<_, kube::Error>(
+                secret
+                    .and_then(|s| s.data)
+                    .and_then(|d| d.get("token").cloned())
+                    .map(|t| t.0),
+            )
+        },
+    )
+    .await;
+    let token = String::from_utf8(token).context("agent token is not UTF-8")?;
+    if token.is_empty() {
+        bail!("agent token of cluster {cluster} is empty");
+    }
+    let hub_cluster = env.cluster(HUB);
+    Ok(kubeconfig_yaml(
+        HUB,
+        &hub_cluster.server,
+        env.ca_pem(),
+        &format!("tender-agent-{cluster}"),
+        &token,
+    ))
+}

@@ -38,6 +38,9 @@ pub const DEPLOYMENT_ID: &str = "tender.dev/deployment-id";
 pub const KEEP_RESOURCES: &str = "tender.dev/keep-resources";
 /// Annotation on copies: the source, `<namespace>/<name>` (the kind is the copy's own kind).
 pub const COPY_OF: &str = "tender.dev/copy-of";
+/// Label `"true"` on the agent's per-BundleDeployment inventory ConfigMaps downstream (the
+/// list of objects a deployment created, used for pruning and the start-up sweep).
+pub const INVENTORY: &str = "tender.dev/inventory";
 
 /// Finalizer on BundleDeployments: the agent removes downstream objects before deletion completes.
 pub const AGENT_CLEANUP_FINALIZER: &str = "tender.dev/agent-cleanup";
@@ -139,6 +142,7 @@ mod tests {
             DEPLOYMENT_ID,
             KEEP_RESOURCES,
             COPY_OF,
+            INVENTORY,
             AGENT_CLEANUP_FINALIZER,
             CLUSTER_CLEANUP_FINALIZER,
             BUNDLE_CLEANUP_FINALIZER,

@@ -96,6 +96,28 @@ pub fn bundle_deployment_name(bundle_name: &str) -> String {
     bundle_name.to_string()
 }
 
+/// ServiceAccount of a cluster's agent, in the cluster namespace on the hub.
+pub const AGENT_SERVICE_ACCOUNT: &str = "tender-agent";
+/// Long-lived token Secret of [`AGENT_SERVICE_ACCOUNT`]; the CLI builds the agent's hub
+/// kubeconfig from its `token` and `ca.crt`.
+pub const AGENT_TOKEN_SECRET: &str = "tender-agent-token";
+/// Role and RoleBinding of the agent in its cluster namespace.
+pub const AGENT_ROLE: &str = "tender-agent";
+/// Lease the agent renews in its cluster namespace as its heartbeat.
+pub const AGENT_LEASE: &str = "tender-agent";
+
+/// Name of the Role and RoleBinding in the workspace namespace that let one cluster's agent
+/// read its own Cluster and write its status: `tender-agent-<cluster>`, hashed when too long.
+pub fn agent_workspace_role(cluster_name: &str) -> String {
+    let name = format!("{AGENT_ROLE}-{cluster_name}");
+    if name.len() <= MAX_DNS_SUBDOMAIN_LEN {
+        return name;
+    }
+    let hash = short_hash(cluster_name);
+    let keep = MAX_DNS_SUBDOMAIN_LEN - hash.len() - 1;
+    format!("{}-{hash}", &name[..keep])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +191,15 @@ mod tests {
         assert!(is_dns_subdomain(&a) && is_dns_subdomain(&b));
         assert_ne!(a, b);
         assert!(is_dns_subdomain(&copy_name("app", "Secret", "dotted.name")));
+    }
+
+    #[test]
+    fn agent_workspace_role_names_stay_valid() {
+        assert_eq!(agent_workspace_role("east-1"), "tender-agent-east-1");
+        let a = agent_workspace_role(&format!("{}a", "c".repeat(252)));
+        let b = agent_workspace_role(&format!("{}b", "c".repeat(252)));
+        assert!(is_dns_subdomain(&a) && is_dns_subdomain(&b), "{a}");
+        assert_ne!(a, b);
     }
 
     #[test]

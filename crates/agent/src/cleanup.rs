@@ -1,0 +1,190 @@
+//! Removing what a BundleDeployment created downstream: on its deletion (finalizer), when
+//! pruning, and at start-up for BundleDeployments that vanished while the agent was away.
+//!
+//! Every delete is preceded by a read of the object and a check of its owner annotation:
+//! only objects owned by exactly this BundleDeployment of this cluster namespace are touched.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::Action;
+use tender_types::labels;
+use tender_types::{BundleDeployment, ObjectRef};
+
+use crate::deploy::{Context, error_text};
+use crate::plan::{self, Owner, Ownership, cluster_selector};
+use crate::status::describe;
+use crate::{Error, Result};
+
+/// Finalizer cleanup of a BundleDeployment being deleted: delete its objects (or strip them
+/// with keepResources), then its inventory. An error keeps the finalizer (retried).
+pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
+    let owner = Owner::new(&ctx.config.cluster_namespace, &bd.name_any());
+    let recorded = ctx.inventory.read(&owner).await?;
+    // Without an inventory (never deployed by this agent version) fall back to the status.
+    let objects: Vec<ObjectRef> = match recorded {
+        Some(objects) => objects,
+        None => bd
+            .status
+            .iter()
+            .flat_map(|s| s.resources.iter().map(crate::status::object_ref))
+            .collect(),
+    };
+    remove_objects(ctx, &owner, &objects, bd.spec.options.keep_resources).await?;
+    ctx.inventory.delete(&owner).await?;
+    tracing::info!(bundle_deployment = %owner.annotation(), objects = objects.len(), keep = bd.spec.options.keep_resources, "cleaned up downstream");
+    Ok(Action::await_change())
+}
+
+/// Deletes (or, with `keep` or the object's own keep-resources marker, strips tender's
+/// metadata from) each object in `objects` that `owner` owns. Manifests go before copies
+/// (reverse apply order). Objects already gone or owned by someone else are skipped.
+pub(crate) async fn remove_objects(
+    ctx: &Context,
+    owner: &Owner,
+    objects: &[ObjectRef],
+    keep: bool,
+) -> Result<()> {
+    for key in objects.iter().rev() {
+        remove_object(ctx, owner, key, keep).await?;
+    }
+    Ok(())
+}
+
+async fn remove_object(ctx: &Context, owner: &Owner, key: &ObjectRef, keep: bool) -> Result<()> {
+    let secret = key.kind == "Secret";
+    let (api, _) = match ctx.down.api(key).await {
+        Ok(x) => x,
+        // The kind no longer exists downstream (CRD removed): nothing left to remove.
+        Err(Error::Kube {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let what = describe(key);
+    let Some(obj) = api.get_opt(&key.name).await.map_err(|e| Error::Kube {
+        what: format!(
+            "reading {what} downstream for cleanup ({})",
+            error_text(&e, secret)
+        ),
+        source: e,
+    })?
+    else {
+        return Ok(());
+    };
+    if plan::ownership(obj.metadata.annotations.as_ref(), owner) != Ownership::Ours {
+        tracing::debug!(object = %what, "not owned by {}; left alone", owner.annotation());
+        return Ok(());
+    }
+    let marked = obj
+        .annotations()
+        .get(labels::KEEP_RESOURCES)
+        .is_some_and(|v| v == "true");
+    if keep || marked {
+        let patch = plan::strip_patch(
+            obj.metadata.labels.as_ref(),
+            obj.metadata.annotations.as_ref(),
+        );
+        api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| {
+                Error::kube(
+                    format!("removing tender's metadata from {what} downstream"),
+                    e,
+                )
+            })?;
+        ctx.metrics.written("strip", &key.kind);
+    } else {
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: obj.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&key.name, &dp).await {
+            Ok(_) => ctx.metrics.written("delete", &key.kind),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(Error::kube(format!("deleting {what} downstream"), e)),
+        }
+    }
+    Ok(())
+}
+
+/// Start-up sweep. `existing` is the result of a SUCCESSFUL list of BundleDeployments on the
+/// hub; every candidate is also confirmed absent with a GET (404) before anything is removed,
+/// and any hub error aborts the sweep (retried) instead of deleting.
+pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<()> {
+    let ns = &ctx.config.cluster_namespace;
+    let mut vanished: BTreeSet<Owner> = BTreeSet::new();
+    let mut objects: Vec<(Owner, Vec<ObjectRef>)> = ctx.inventory.list(ns).await?;
+    // Copies whose inventory is lost: find them by label.
+    let selector = format!("{},!{}", cluster_selector(ns), labels::INVENTORY);
+    let lp = ListParams::default().labels(&selector);
+    let secrets: Api<Secret> = Api::all(ctx.down.client.clone());
+    let config_maps: Api<ConfigMap> = Api::all(ctx.down.client.clone());
+    let mut strays: Vec<(Owner, ObjectRef)> = Vec::new();
+    let secret_metas = secrets
+        .list_metadata(&lp)
+        .await
+        .map_err(|e| Error::kube(format!("listing Secrets of {ns} downstream"), e))?
+        .items
+        .into_iter()
+        .map(|m| ("Secret", m.metadata));
+    let config_map_metas = config_maps
+        .list_metadata(&lp)
+        .await
+        .map_err(|e| Error::kube(format!("listing ConfigMaps of {ns} downstream"), e))?
+        .items
+        .into_iter()
+        .map(|m| ("ConfigMap", m.metadata));
+    for (kind, m) in secret_metas.chain(config_map_metas) {
+        if let Some(owner) = m
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(labels::OWNER_ANNOTATION))
+            .and_then(|a| Owner::parse(a))
+        {
+            let name = m.name.clone().unwrap_or_default();
+            strays.push((owner, plan::key("v1", kind, m.namespace.as_deref(), &name)));
+        }
+    }
+    for (owner, key) in strays {
+        match objects.iter_mut().find(|(o, _)| *o == owner) {
+            Some((_, list)) => list.push(key),
+            None => objects.push((owner, vec![key])),
+        }
+    }
+    for (owner, list) in objects {
+        if owner.cluster_namespace != *ns || existing.contains(&owner.name) {
+            continue;
+        }
+        // Confirm with the hub: only a 404 counts as gone.
+        match ctx.bds.get_opt(&owner.name).await {
+            Ok(None) => {}
+            Ok(Some(_)) => continue,
+            Err(e) => {
+                return Err(Error::kube(
+                    format!("confirming BundleDeployment {ns}/{} is gone", owner.name),
+                    e,
+                ));
+            }
+        }
+        let list = plan::union(&list, &[]);
+        tracing::info!(bundle_deployment = %owner.annotation(), objects = list.len(), "sweeping leftovers of a BundleDeployment that no longer exists");
+        // Honour each object's own keep-resources marker (keep = false here).
+        remove_objects(ctx, &owner, &list, false).await?;
+        for _ in &list {
+            ctx.metrics.swept();
+        }
+        ctx.inventory.delete(&owner).await?;
+        vanished.insert(owner);
+    }
+    if !vanished.is_empty() {
+        tracing::info!(count = vanished.len(), "start-up sweep done");
+    }
+    Ok(())
+}

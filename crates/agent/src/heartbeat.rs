@@ -1,0 +1,158 @@
+//! Heartbeat: renew the Lease `tender-agent` in the cluster namespace every
+//! `heartbeat_interval` (default 30 s, one small write), and write the Cluster's
+//! `status.agent` at most every `cluster_status_interval` (default 5 min) or when what it says
+//! changes. 10 000 agents thus cost ~333 Lease writes/s and ~33 Cluster status writes/s on the
+//! hub at the defaults; Lease writes do not wake the hub's Cluster watches.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use serde_json::json;
+use tender_types::labels::AGENT_FIELD_MANAGER;
+use tender_types::names::AGENT_LEASE;
+use tender_types::{AgentStatus, Cluster};
+
+use crate::{AgentConfig, AgentMetrics, ShutdownSignal, VERSION};
+
+/// The Lease body renewed on every heartbeat.
+pub(crate) fn lease(config: &AgentConfig, now: Timestamp) -> Lease {
+    let duration = (config.heartbeat_interval.as_secs() * 3).clamp(1, i32::MAX as u64) as i32;
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(AGENT_LEASE.into()),
+            namespace: Some(config.cluster_namespace.clone()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(config.identity.clone()),
+            lease_duration_seconds: Some(duration),
+            renew_time: Some(MicroTime(now)),
+            ..Default::default()
+        }),
+    }
+}
+
+/// What the Cluster's `status.agent` should say (apart from `lastSeen`).
+pub(crate) fn agent_status(config: &AgentConfig, now: Timestamp) -> AgentStatus {
+    AgentStatus {
+        last_seen: Some(Time(now)),
+        version: Some(VERSION.to_string()),
+        namespace: Some(config.agent_namespace.clone()),
+    }
+}
+
+/// Whether the Cluster status is due: never written, the interval passed, or its content
+/// (version, namespace) differs from what the Cluster shows.
+pub(crate) fn cluster_status_due(
+    last_write: Option<Instant>,
+    interval: Duration,
+    shown: Option<&AgentStatus>,
+    wanted: &AgentStatus,
+) -> bool {
+    let differs =
+        shown.is_none_or(|s| s.version != wanted.version || s.namespace != wanted.namespace);
+    differs || last_write.is_none_or(|t| t.elapsed() >= interval)
+}
+
+pub(crate) async fn run(
+    hub: Client,
+    config: AgentConfig,
+    metrics: AgentMetrics,
+    shutdown: ShutdownSignal,
+) {
+    let leases: Api<Lease> = Api::namespaced(hub.clone(), &config.cluster_namespace);
+    let clusters: Api<Cluster> = Api::namespaced(hub, &config.workspace_namespace);
+    let pp = PatchParams::apply(AGENT_FIELD_MANAGER).force();
+    let mut last_status: Option<Instant> = None;
+    let mut shown: Option<AgentStatus> = None;
+    loop {
+        let now = Timestamp::now();
+        let ok = leases
+            .patch(AGENT_LEASE, &pp, &Patch::Apply(lease(&config, now)))
+            .await
+            .inspect_err(|error| tracing::warn!(%error, namespace = %config.cluster_namespace, "cannot renew the heartbeat Lease on the hub; retrying"))
+            .is_ok();
+        metrics.heartbeat("lease", ok);
+
+        let wanted = agent_status(&config, now);
+        if cluster_status_due(
+            last_status,
+            config.cluster_status_interval,
+            shown.as_ref(),
+            &wanted,
+        ) {
+            let body = json!({
+                "apiVersion": tender_types::API_GROUP_VERSION,
+                "kind": "Cluster",
+                "metadata": { "name": config.cluster_name },
+                "status": { "agent": wanted },
+            });
+            match clusters
+                .patch_status(&config.cluster_name, &pp, &Patch::Apply(body))
+                .await
+            {
+                Ok(_) => {
+                    last_status = Some(Instant::now());
+                    shown = Some(wanted);
+                    metrics.heartbeat("cluster_status", true);
+                }
+                Err(error) => {
+                    metrics.heartbeat("cluster_status", false);
+                    tracing::warn!(%error, cluster = %config.cluster_name, "cannot write the Cluster's agent status on the hub; retrying");
+                }
+            }
+        }
+
+        tokio::select! {
+            () = tokio::time::sleep(config.heartbeat_interval) => {}
+            () = shutdown.clone() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_lasts_three_heartbeats() {
+        let config = AgentConfig::new("ws", "c1");
+        let l = lease(&config, Timestamp::from_second(10).unwrap());
+        let spec = l.spec.unwrap();
+        assert_eq!(spec.lease_duration_seconds, Some(90));
+        assert_eq!(l.metadata.name.as_deref(), Some("tender-agent"));
+        assert_eq!(
+            l.metadata.namespace.as_deref(),
+            Some(config.cluster_namespace.as_str())
+        );
+    }
+
+    #[test]
+    fn cluster_status_is_rate_limited() {
+        let config = AgentConfig::new("ws", "c1");
+        let wanted = agent_status(&config, Timestamp::from_second(10).unwrap());
+        let min5 = Duration::from_secs(300);
+        assert!(cluster_status_due(None, min5, None, &wanted), "first write");
+        let just_now = Some(Instant::now());
+        assert!(
+            !cluster_status_due(just_now, min5, Some(&wanted), &wanted),
+            "too soon"
+        );
+        let mut other = wanted.clone();
+        other.version = Some("0.0.0".into());
+        assert!(
+            cluster_status_due(just_now, min5, Some(&other), &wanted),
+            "content changed"
+        );
+        assert!(cluster_status_due(
+            just_now,
+            Duration::ZERO,
+            Some(&wanted),
+            &wanted
+        ));
+    }
+}

@@ -1,0 +1,202 @@
+//! Per-BundleDeployment inventory downstream: a ConfigMap in the agent namespace listing the
+//! objects (apiVersion, kind, namespace, name — never values) a deployment may have created.
+//!
+//! It is written as the union of the previous and the new object list BEFORE anything is
+//! created, and narrowed to the new list after pruning, so a crash at any point leaves every
+//! created object findable. Pruning, cleanup and the start-up sweep read it to know which kinds
+//! and objects to look at; each object's own owner annotation is still checked before any
+//! delete.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+use tender_types::ObjectRef;
+use tender_types::hash::sha256_hex;
+use tender_types::labels;
+
+use crate::plan::{Owner, cluster_selector, ownership_labels};
+use crate::{Error, Result};
+
+const OBJECTS_KEY: &str = "objects";
+
+/// Name of the inventory of `owner`: `tender-inventory-<20 hex of sha256(owner annotation)>`,
+/// unique across cluster namespaces sharing one downstream cluster.
+pub(crate) fn name(owner: &Owner) -> String {
+    format!(
+        "tender-inventory-{}",
+        &sha256_hex(owner.annotation().as_bytes())[..20]
+    )
+}
+
+/// The inventory ConfigMap body for server-side apply.
+pub(crate) fn body(
+    agent_namespace: &str,
+    owner: &Owner,
+    objects: &[ObjectRef],
+) -> serde_json::Value {
+    let mut labels: BTreeMap<&str, String> = ownership_labels(owner).into_iter().collect();
+    labels.insert(labels::INVENTORY, "true".into());
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": name(owner),
+            "namespace": agent_namespace,
+            "labels": labels,
+            "annotations": { labels::OWNER_ANNOTATION: owner.annotation() },
+        },
+        "data": { OBJECTS_KEY: serde_json::to_string(objects).expect("refs serialize") },
+    })
+}
+
+/// Owner and object list of an inventory ConfigMap; `None` when it is not a valid inventory.
+pub(crate) fn parse(cm: &ConfigMap) -> Option<(Owner, Vec<ObjectRef>)> {
+    let owner = Owner::parse(
+        cm.metadata
+            .annotations
+            .as_ref()?
+            .get(labels::OWNER_ANNOTATION)?,
+    )?;
+    let objects = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(OBJECTS_KEY))
+        .and_then(|s| serde_json::from_str(s).ok())
+        .unwrap_or_default();
+    Some((owner, objects))
+}
+
+/// Selector of every inventory of a cluster namespace.
+pub(crate) fn selector(cluster_namespace: &str) -> String {
+    format!(
+        "{},{}=true",
+        cluster_selector(cluster_namespace),
+        labels::INVENTORY
+    )
+}
+
+pub(crate) struct Inventory {
+    api: Api<ConfigMap>,
+    agent_namespace: String,
+}
+
+impl Inventory {
+    pub(crate) fn new(client: Client, agent_namespace: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, agent_namespace),
+            agent_namespace: agent_namespace.to_string(),
+        }
+    }
+
+    /// The recorded objects of `owner` (`None`: no inventory yet).
+    pub(crate) async fn read(&self, owner: &Owner) -> Result<Option<Vec<ObjectRef>>> {
+        let n = name(owner);
+        let cm = self.api.get_opt(&n).await.map_err(|e| {
+            Error::kube(
+                format!("reading inventory ConfigMap {}/{n}", self.agent_namespace),
+                e,
+            )
+        })?;
+        Ok(cm
+            .as_ref()
+            .and_then(parse)
+            .filter(|(o, _)| o == owner)
+            .map(|(_, objs)| objs))
+    }
+
+    /// Records `objects` for `owner`, unless `current` already says the same.
+    pub(crate) async fn write(
+        &self,
+        owner: &Owner,
+        current: Option<&[ObjectRef]>,
+        objects: &[ObjectRef],
+    ) -> Result<bool> {
+        if current == Some(objects) {
+            return Ok(false);
+        }
+        let n = name(owner);
+        self.api
+            .patch(
+                &n,
+                &PatchParams::apply(labels::AGENT_FIELD_MANAGER).force(),
+                &Patch::Apply(body(&self.agent_namespace, owner, objects)),
+            )
+            .await
+            .map_err(|e| {
+                Error::kube(
+                    format!("writing inventory ConfigMap {}/{n}", self.agent_namespace),
+                    e,
+                )
+            })?;
+        Ok(true)
+    }
+
+    pub(crate) async fn delete(&self, owner: &Owner) -> Result<()> {
+        let n = name(owner);
+        match self.api.delete(&n, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(Error::kube(
+                format!("deleting inventory ConfigMap {}/{n}", self.agent_namespace),
+                e,
+            )),
+        }
+    }
+
+    /// Every inventory of `cluster_namespace`.
+    pub(crate) async fn list(
+        &self,
+        cluster_namespace: &str,
+    ) -> Result<Vec<(Owner, Vec<ObjectRef>)>> {
+        let list = self
+            .api
+            .list(&ListParams::default().labels(&selector(cluster_namespace)))
+            .await
+            .map_err(|e| {
+                Error::kube(
+                    format!("listing inventories in {}", self.agent_namespace),
+                    e,
+                )
+            })?;
+        Ok(list
+            .items
+            .iter()
+            .filter_map(parse)
+            .filter(|(o, _)| o.cluster_namespace == cluster_namespace)
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::key;
+
+    #[test]
+    fn names_are_unique_per_cluster_namespace_and_valid() {
+        let a = name(&Owner::new("cluster-ws-a-11111111", "app"));
+        let b = name(&Owner::new("cluster-ws-b-22222222", "app"));
+        assert_ne!(a, b);
+        assert!(tender_types::names::is_dns_subdomain(&a), "{a}");
+        assert_eq!(a, name(&Owner::new("cluster-ws-a-11111111", "app")));
+    }
+
+    #[test]
+    fn body_round_trips_and_holds_no_values() {
+        let owner = Owner::new("cluster-ws-a-11111111", "app");
+        let objects = vec![
+            key("v1", "Secret", Some("apps"), "db"),
+            key("apps/v1", "Deployment", Some("apps"), "web"),
+        ];
+        let cm: ConfigMap =
+            serde_json::from_value(body("tender-system", &owner, &objects)).unwrap();
+        assert_eq!(parse(&cm), Some((owner.clone(), objects)));
+        let l = cm.metadata.labels.unwrap();
+        assert_eq!(l[labels::INVENTORY], "true");
+        assert_eq!(l[labels::BUNDLE_DEPLOYMENT], owner.label());
+        assert!(selector(&owner.cluster_namespace).ends_with("tender.dev/inventory=true"));
+    }
+}

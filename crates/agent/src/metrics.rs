@@ -1,0 +1,169 @@
+//! The agent's own metric families, registered next to the common ones of `tender_runtime`.
+//!
+//! Never labelled with object names or data: only kinds, actions and results.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use tender_runtime::Metrics;
+
+/// Labels of `agent_objects_written_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// `apply`, `recreate`, `delete` or `strip`.
+    pub action: String,
+    /// Kind of the downstream object.
+    pub kind: String,
+}
+
+/// Labels of `agent_heartbeats_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeartbeatLabels {
+    /// `lease` or `cluster_status`.
+    pub target: String,
+    /// `ok` or `error`.
+    pub result: String,
+}
+
+/// The common registry plus the agent's families; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AgentMetrics {
+    base: Arc<Metrics>,
+    objects_written: Family<WriteLabels, Counter>,
+    deployments: Counter,
+    drift_detected: Counter,
+    drift_corrected: Counter,
+    conflicts: Counter,
+    heartbeats: Family<HeartbeatLabels, Counter>,
+    swept: Counter,
+}
+
+impl AgentMetrics {
+    /// Registers the agent families into `metrics` and shares it.
+    pub fn register(mut metrics: Metrics) -> Self {
+        let objects_written = Family::<WriteLabels, Counter>::default();
+        let deployments = Counter::default();
+        let drift_detected = Counter::default();
+        let drift_corrected = Counter::default();
+        let conflicts = Counter::default();
+        let heartbeats = Family::<HeartbeatLabels, Counter>::default();
+        let swept = Counter::default();
+        let r = metrics.registry_mut();
+        r.register(
+            "agent_objects_written",
+            "Downstream writes by action (apply, recreate, delete, strip) and kind",
+            objects_written.clone(),
+        );
+        r.register(
+            "agent_deployments",
+            "BundleDeployment deploymentIDs applied completely",
+            deployments.clone(),
+        );
+        r.register(
+            "agent_drift_detected",
+            "Downstream objects found changed or deleted behind tender's back",
+            drift_detected.clone(),
+        );
+        r.register(
+            "agent_drift_corrected",
+            "Drifted downstream objects restored",
+            drift_corrected.clone(),
+        );
+        r.register(
+            "agent_conflicts",
+            "Objects left untouched because somebody else owns them (per reconcile)",
+            conflicts.clone(),
+        );
+        r.register(
+            "agent_heartbeats",
+            "Heartbeat writes to the hub by target and result",
+            heartbeats.clone(),
+        );
+        r.register(
+            "agent_swept_objects",
+            "Downstream objects of vanished BundleDeployments removed or released at start-up",
+            swept.clone(),
+        );
+        Self {
+            base: Arc::new(metrics),
+            objects_written,
+            deployments,
+            drift_detected,
+            drift_corrected,
+            conflicts,
+            heartbeats,
+            swept,
+        }
+    }
+
+    /// The shared registry, for the request-counting clients and the HTTP server.
+    pub fn shared(&self) -> Arc<Metrics> {
+        self.base.clone()
+    }
+
+    /// Total downstream writes of `action` (all kinds), for tests.
+    pub fn writes(&self, action: &str) -> u64 {
+        ["Secret", "ConfigMap", "Namespace"]
+            .iter()
+            .map(|k| self.writes_of(action, k))
+            .sum()
+    }
+
+    /// Downstream writes of `action` on `kind`.
+    pub fn writes_of(&self, action: &str, kind: &str) -> u64 {
+        self.objects_written
+            .get(&WriteLabels {
+                action: action.into(),
+                kind: kind.into(),
+            })
+            .map_or(0, |c| c.get())
+    }
+
+    /// Drift corrections so far.
+    pub fn drift_corrected(&self) -> u64 {
+        self.drift_corrected.get()
+    }
+
+    pub(crate) fn written(&self, action: &str, kind: &str) {
+        self.objects_written
+            .get_or_create(&WriteLabels {
+                action: action.into(),
+                kind: kind.into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn deployed(&self) {
+        self.deployments.inc();
+    }
+
+    pub(crate) fn drift(&self, corrected: bool) {
+        self.drift_detected.inc();
+        if corrected {
+            self.drift_corrected.inc();
+        }
+    }
+
+    pub(crate) fn conflict(&self) {
+        self.conflicts.inc();
+    }
+
+    pub(crate) fn heartbeat(&self, target: &str, ok: bool) {
+        self.heartbeats
+            .get_or_create(&HeartbeatLabels {
+                target: target.into(),
+                result: if ok { "ok" } else { "error" }.into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn swept(&self) {
+        self.swept.inc();
+    }
+
+    pub(crate) fn base(&self) -> &Metrics {
+        &self.base
+    }
+}

@@ -1,0 +1,828 @@
+//! Pure decisions of the agent, callable without a cluster: the desired downstream objects of a
+//! BundleDeployment, who owns an existing object, whether an object drifted, what to prune and
+//! how to strip tender's metadata.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use serde_json::{Map, Value, json};
+use tender_types::hash::value_hash;
+use tender_types::labels::{self, is_copied_metadata_key};
+use tender_types::{BundleDeploymentOptions, CopiedResource, Manifest, ObjectRef, namespaces};
+
+/// The BundleDeployment that owns downstream objects: its cluster namespace on the hub and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner {
+    /// The cluster's own namespace on the hub.
+    pub cluster_namespace: String,
+    /// Name of the BundleDeployment.
+    pub name: String,
+}
+
+impl Owner {
+    /// Owner `name` in `cluster_namespace`.
+    pub fn new(cluster_namespace: &str, name: &str) -> Self {
+        Self {
+            cluster_namespace: cluster_namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    /// Value of [`labels::OWNER_ANNOTATION`].
+    pub fn annotation(&self) -> String {
+        labels::bundle_deployment_owner(&self.cluster_namespace, &self.name)
+    }
+
+    /// Value of [`labels::BUNDLE_DEPLOYMENT`].
+    pub fn label(&self) -> String {
+        labels::bundle_deployment_owner_label(&self.cluster_namespace, &self.name)
+    }
+
+    /// Parses an [`labels::OWNER_ANNOTATION`] value (`<cluster namespace>/<name>`).
+    pub fn parse(annotation: &str) -> Option<Self> {
+        let (ns, name) = annotation.split_once('/')?;
+        (!ns.is_empty() && !name.is_empty() && !name.contains('/')).then(|| Self::new(ns, name))
+    }
+}
+
+/// Label selector matching every downstream object (and inventory) of one cluster namespace.
+pub fn cluster_selector(cluster_namespace: &str) -> String {
+    format!(
+        "{}={},{}={}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE,
+        labels::CLUSTER_NAMESPACE,
+        labels::safe_label_value(cluster_namespace)
+    )
+}
+
+/// One object the agent wants downstream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Desired {
+    /// Which object.
+    pub key: ObjectRef,
+    /// The full body to apply (server-side apply), ownership metadata included.
+    pub body: Value,
+    /// Hash of `body` without the hash annotation itself; stored in [`labels::CONTENT_HASH`].
+    pub hash: String,
+    /// A Secret/ConfigMap copy (compared field by field, replaced when immutable).
+    pub copy: bool,
+}
+
+impl Desired {
+    /// Finishes a body: adds ownership labels/annotations and the content hash.
+    fn seal(key: ObjectRef, mut body: Value, owner: &Owner, keep: bool, copy: bool) -> Self {
+        let meta = body
+            .as_object_mut()
+            .expect("bodies are objects")
+            .entry("metadata")
+            .or_insert_with(|| json!({}));
+        let meta = meta.as_object_mut().expect("metadata is an object");
+        let labels = meta.entry("labels").or_insert_with(|| json!({}));
+        if let Some(labels) = labels.as_object_mut() {
+            for (k, v) in ownership_labels(owner) {
+                labels.insert(k.to_string(), Value::String(v));
+            }
+        }
+        let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+        if let Some(annotations) = annotations.as_object_mut() {
+            annotations.insert(
+                labels::OWNER_ANNOTATION.to_string(),
+                Value::String(owner.annotation()),
+            );
+            if keep {
+                annotations.insert(labels::KEEP_RESOURCES.to_string(), json!("true"));
+            }
+        }
+        let hash = value_hash(&body);
+        body["metadata"]["annotations"][labels::CONTENT_HASH] = Value::String(hash.clone());
+        Self {
+            key,
+            body,
+            hash,
+            copy,
+        }
+    }
+}
+
+/// Labels marking a downstream object as owned by `owner`.
+pub fn ownership_labels(owner: &Owner) -> [(&'static str, String); 3] {
+    [
+        (labels::MANAGED_BY, labels::MANAGED_BY_VALUE.to_string()),
+        (
+            labels::CLUSTER_NAMESPACE,
+            labels::safe_label_value(&owner.cluster_namespace),
+        ),
+        (labels::BUNDLE_DEPLOYMENT, owner.label()),
+    ]
+}
+
+/// A source's labels or annotations that travel with its copy.
+pub fn copied_metadata(map: Option<&BTreeMap<String, String>>) -> Map<String, Value> {
+    map.into_iter()
+        .flatten()
+        .filter(|(k, _)| is_copied_metadata_key(k))
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect()
+}
+
+fn copy_meta(
+    name: &str,
+    namespace: &str,
+    labels_in: Option<&BTreeMap<String, String>>,
+    annotations_in: Option<&BTreeMap<String, String>>,
+) -> Value {
+    let mut annotations = copied_metadata(annotations_in);
+    if let Some(source) = annotations_in.and_then(|a| a.get(labels::COPY_OF)) {
+        annotations.insert(labels::COPY_OF.into(), Value::String(source.clone()));
+    }
+    json!({
+        "name": name,
+        "namespace": namespace,
+        "labels": copied_metadata(labels_in),
+        "annotations": annotations,
+    })
+}
+
+fn bytes_map(map: Option<&BTreeMap<String, ByteString>>) -> Option<Value> {
+    let map = map.filter(|m| !m.is_empty())?;
+    Some(serde_json::to_value(map).expect("ByteString serializes"))
+}
+
+/// The downstream copy of a Secret copy on the hub: under the SOURCE name (`entry.name`) in
+/// `namespace`, keeping type, data, immutability and the source's own labels/annotations.
+pub fn secret_copy(
+    copy: &Secret,
+    entry: &CopiedResource,
+    namespace: &str,
+    owner: &Owner,
+    keep: bool,
+) -> Desired {
+    let mut body = json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": copy_meta(&entry.name, namespace, copy.metadata.labels.as_ref(), copy.metadata.annotations.as_ref()),
+        "type": copy.type_.as_deref().unwrap_or("Opaque"),
+    });
+    // stringData is write-only on the apiserver; fold it in as the apiserver would.
+    let mut data = copy.data.clone().unwrap_or_default();
+    for (k, v) in copy.string_data.iter().flatten() {
+        data.insert(k.clone(), ByteString(v.as_bytes().to_vec()));
+    }
+    if let Some(data) = bytes_map(Some(&data)) {
+        body["data"] = data;
+    }
+    if let Some(immutable) = copy.immutable {
+        body["immutable"] = Value::Bool(immutable);
+    }
+    Desired::seal(
+        key("v1", "Secret", Some(namespace), &entry.name),
+        body,
+        owner,
+        keep,
+        true,
+    )
+}
+
+/// The downstream copy of a ConfigMap copy on the hub (see [`secret_copy`]).
+pub fn config_map_copy(
+    copy: &ConfigMap,
+    entry: &CopiedResource,
+    namespace: &str,
+    owner: &Owner,
+    keep: bool,
+) -> Desired {
+    let mut body = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": copy_meta(&entry.name, namespace, copy.metadata.labels.as_ref(), copy.metadata.annotations.as_ref()),
+    });
+    if let Some(data) = copy.data.as_ref().filter(|d| !d.is_empty()) {
+        body["data"] = serde_json::to_value(data).expect("strings serialize");
+    }
+    if let Some(binary) = bytes_map(copy.binary_data.as_ref()) {
+        body["binaryData"] = binary;
+    }
+    if let Some(immutable) = copy.immutable {
+        body["immutable"] = Value::Bool(immutable);
+    }
+    Desired::seal(
+        key("v1", "ConfigMap", Some(namespace), &entry.name),
+        body,
+        owner,
+        keep,
+        true,
+    )
+}
+
+/// A manifest as applied downstream: namespace resolved (`namespaced` comes from discovery),
+/// ownership added. `Err` says why the manifest cannot be applied.
+pub fn manifest(
+    manifest: &Manifest,
+    namespaced: bool,
+    options: &BundleDeploymentOptions,
+    owner: &Owner,
+) -> Result<Desired, String> {
+    let (Some(api_version), Some(kind), Some(name)) =
+        (manifest.api_version(), manifest.kind(), manifest.name())
+    else {
+        return Err("manifest needs apiVersion, kind and metadata.name".into());
+    };
+    let namespace = namespaces::manifest_namespace(
+        manifest.namespace(),
+        namespaced,
+        options.target_namespace.as_deref(),
+        Some(options.default_namespace.as_str()).filter(|d| !d.is_empty()),
+    );
+    let mut body = manifest.0.clone();
+    if !body.is_object() {
+        return Err("manifest is not an object".into());
+    }
+    let meta = body
+        .as_object_mut()
+        .expect("checked above")
+        .entry("metadata")
+        .or_insert_with(|| json!({}));
+    // Server-populated fields in a manifest would fail the apply or fight the apiserver.
+    if let Some(meta) = meta.as_object_mut() {
+        for field in [
+            "resourceVersion",
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "managedFields",
+            "selfLink",
+            "deletionTimestamp",
+        ] {
+            meta.remove(field);
+        }
+        match namespace {
+            Some(ns) => {
+                meta.insert("namespace".into(), Value::String(ns.to_string()));
+            }
+            None => {
+                meta.remove("namespace");
+            }
+        }
+    }
+    body.as_object_mut().expect("object").remove("status");
+    Ok(Desired::seal(
+        key(api_version, kind, namespace, name),
+        body,
+        owner,
+        options.keep_resources,
+        false,
+    ))
+}
+
+/// An [`ObjectRef`] from its parts.
+pub fn key(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> ObjectRef {
+    ObjectRef {
+        api_version: api_version.to_string(),
+        kind: kind.to_string(),
+        namespace: namespace.map(str::to_string),
+        name: name.to_string(),
+    }
+}
+
+/// Who owns an existing downstream object, from its annotations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ownership {
+    /// This BundleDeployment.
+    Ours,
+    /// No tender ownership at all: somebody else's object.
+    Unowned,
+    /// Another BundleDeployment (`<cluster namespace>/<name>`), maybe of another cluster.
+    Other(String),
+}
+
+/// Ownership of an object with `annotations`, as seen by `owner`.
+pub fn ownership(annotations: Option<&BTreeMap<String, String>>, owner: &Owner) -> Ownership {
+    match annotations.and_then(|a| a.get(labels::OWNER_ANNOTATION)) {
+        None => Ownership::Unowned,
+        Some(o) if *o == owner.annotation() => Ownership::Ours,
+        Some(o) => Ownership::Other(o.clone()),
+    }
+}
+
+/// Whether the agent may write an existing object: `Ok(adopting)` or `Err(conflict message)`.
+///
+/// Another BundleDeployment's object is always a conflict; an unmanaged one only without
+/// `takeOwnership`.
+pub fn may_write(ownership: &Ownership, take_ownership: bool) -> Result<bool, String> {
+    match ownership {
+        Ownership::Ours => Ok(false),
+        Ownership::Unowned if take_ownership => Ok(true),
+        Ownership::Unowned => Err(
+            "exists and was not created by tender; left untouched (set takeOwnership to adopt it)"
+                .into(),
+        ),
+        Ownership::Other(other) => Err(format!(
+            "exists and belongs to BundleDeployment {other}; left untouched"
+        )),
+    }
+}
+
+fn or_empty(v: Option<&Value>) -> Value {
+    match v {
+        Some(Value::Null) | None => json!({}),
+        Some(v) => v.clone(),
+    }
+}
+
+/// Whether every field of `desired` is present in `existing` with the same value (objects may
+/// have extra keys, arrays must match element by element). Server-side defaults therefore do
+/// not count as drift.
+pub fn is_subset(desired: &Value, existing: &Value) -> bool {
+    match (desired, existing) {
+        (Value::Object(d), Value::Object(e)) => d
+            .iter()
+            .all(|(k, dv)| e.get(k).is_some_and(|ev| is_subset(dv, ev)) || is_empty(dv)),
+        (Value::Array(d), Value::Array(e)) => {
+            d.len() == e.len() && d.iter().zip(e).all(|(dv, ev)| is_subset(dv, ev))
+        }
+        (d, e) => d == e,
+    }
+}
+
+/// Empty maps, lists and nulls are dropped by the apiserver, so they never count as missing.
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}
+
+/// Whether the existing object is what `desired` describes (no write needed).
+///
+/// Copies compare data exactly (a key added downstream is drift); manifests compare as a subset.
+pub fn in_sync(desired: &Desired, existing: &Value) -> bool {
+    let hash_matches = existing["metadata"]["annotations"][labels::CONTENT_HASH].as_str()
+        == Some(desired.hash.as_str());
+    if !hash_matches || !is_subset(&desired.body, existing) {
+        return false;
+    }
+    if desired.copy {
+        ["data", "binaryData"]
+            .iter()
+            .all(|f| or_empty(desired.body.get(*f)) == or_empty(existing.get(*f)))
+            && immutable(&desired.body) == immutable(existing)
+    } else {
+        true
+    }
+}
+
+fn immutable(v: &Value) -> bool {
+    v["immutable"].as_bool().unwrap_or(false)
+}
+
+/// Whether a copy must be deleted and recreated instead of updated: the existing object is
+/// immutable, or a Secret's type changes (type is immutable too).
+pub fn needs_recreate(desired: &Desired, existing: &Value) -> bool {
+    if !desired.copy {
+        return false;
+    }
+    let type_of = |v: &Value| v["type"].as_str().unwrap_or("Opaque").to_string();
+    immutable(existing)
+        || (desired.key.kind == "Secret" && type_of(&desired.body) != type_of(existing))
+}
+
+/// API group of an `apiVersion` (`""` for the core group).
+pub fn group_of(api_version: &str) -> &str {
+    api_version.split_once('/').map_or("", |(g, _)| g)
+}
+
+/// Identity of an object regardless of API version: group, kind, namespace, name.
+pub fn identity(r: &ObjectRef) -> (String, String, Option<String>, String) {
+    (
+        group_of(&r.api_version).to_string(),
+        r.kind.clone(),
+        r.namespace.clone(),
+        r.name.clone(),
+    )
+}
+
+/// Objects of the previous deployment that are no longer desired (same object under another
+/// API version is still desired).
+pub fn prune_set(previous: &[ObjectRef], desired: &[ObjectRef]) -> Vec<ObjectRef> {
+    let wanted: BTreeSet<_> = desired.iter().map(identity).collect();
+    let mut seen = BTreeSet::new();
+    previous
+        .iter()
+        .filter(|r| !wanted.contains(&identity(r)) && seen.insert(identity(r)))
+        .cloned()
+        .collect()
+}
+
+/// Union of two object lists without duplicates (by [`identity`]), `first` winning, order kept.
+pub fn union(first: &[ObjectRef], second: &[ObjectRef]) -> Vec<ObjectRef> {
+    let mut seen = BTreeSet::new();
+    first
+        .iter()
+        .chain(second)
+        .filter(|r| seen.insert(identity(r)))
+        .cloned()
+        .collect()
+}
+
+/// JSON merge patch removing tender's labels and annotations (what `keepResources` leaves).
+pub fn strip_patch(
+    labels_in: Option<&BTreeMap<String, String>>,
+    annotations_in: Option<&BTreeMap<String, String>>,
+) -> Value {
+    let ours = |k: &str| labels::is_tender_key(k) || k == labels::MANAGED_BY;
+    let nulls = |m: Option<&BTreeMap<String, String>>| -> Map<String, Value> {
+        m.into_iter()
+            .flatten()
+            .filter(|(k, _)| ours(k))
+            .map(|(k, _)| (k.clone(), Value::Null))
+            .collect()
+    };
+    json!({"metadata": {"labels": nulls(labels_in), "annotations": nulls(annotations_in)}})
+}
+
+/// Whether an applied object is ready: `Ok` or `Err(why not)`.
+///
+/// Deployments/StatefulSets need their replicas available; anything with a `Ready` or
+/// `Available` condition follows it; everything else (ConfigMaps, Services, ...) is ready once
+/// applied.
+pub fn readiness(obj: &Value) -> Result<(), String> {
+    let status = &obj["status"];
+    if let (Some(generation), Some(observed)) = (
+        obj["metadata"]["generation"].as_i64(),
+        status["observedGeneration"].as_i64(),
+    ) && observed < generation
+    {
+        return Err("the controller has not observed the latest generation yet".into());
+    }
+    let kind = obj["kind"].as_str().unwrap_or_default();
+    if matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet") {
+        let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
+        let have = status["availableReplicas"]
+            .as_i64()
+            .or_else(|| status["readyReplicas"].as_i64())
+            .unwrap_or(0);
+        return if have >= want {
+            Ok(())
+        } else {
+            Err(format!("{have}/{want} replicas available"))
+        };
+    }
+    let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
+    for type_ in ["Ready", "Available"] {
+        if let Some(c) = conditions.iter().find(|c| c["type"] == type_) {
+            return if c["status"] == "True" {
+                Ok(())
+            } else {
+                Err(format!(
+                    "condition {type_} is {}: {}",
+                    c["status"].as_str().unwrap_or("Unknown"),
+                    c["message"].as_str().unwrap_or_default()
+                ))
+            };
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn owner() -> Owner {
+        Owner::new("cluster-ws-c1-12345678", "app")
+    }
+
+    fn entry(kind: &str, name: &str) -> CopiedResource {
+        CopiedResource {
+            kind: kind.into(),
+            name: name.into(),
+            copy_name: format!("app-{}-{name}-abcdef12", kind.to_lowercase()),
+            hash: "h".into(),
+        }
+    }
+
+    fn hub_secret() -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("app-secret-db-abcdef12".into()),
+                namespace: Some("cluster-ws-c1-12345678".into()),
+                labels: Some(BTreeMap::from([
+                    ("team".into(), "a".into()),
+                    (labels::BUNDLE_NAME.into(), "app".into()),
+                    (labels::MANAGED_BY.into(), "tender".into()),
+                ])),
+                annotations: Some(BTreeMap::from([
+                    ("note".into(), "keep me".into()),
+                    (labels::CONTENT_HASH.into(), "h".into()),
+                    (labels::COPY_OF.into(), "ws/db".into()),
+                    (
+                        "kubectl.kubernetes.io/last-applied-configuration".into(),
+                        "{}".into(),
+                    ),
+                ])),
+                ..Default::default()
+            },
+            type_: Some("kubernetes.io/basic-auth".into()),
+            data: Some(BTreeMap::from([(
+                "password".into(),
+                ByteString(b"s3cret".to_vec()),
+            )])),
+            immutable: Some(true),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn secret_copy_keeps_source_name_type_data_and_own_metadata() {
+        let d = secret_copy(
+            &hub_secret(),
+            &entry("Secret", "db"),
+            "apps",
+            &owner(),
+            false,
+        );
+        assert_eq!(d.key, key("v1", "Secret", Some("apps"), "db"));
+        assert!(d.copy);
+        let b = &d.body;
+        assert_eq!(b["metadata"]["name"], "db");
+        assert_eq!(b["metadata"]["namespace"], "apps");
+        assert_eq!(b["type"], "kubernetes.io/basic-auth");
+        assert_eq!(b["immutable"], true);
+        assert_eq!(b["data"]["password"], "czNjcmV0"); // base64 of s3cret
+        let labels = b["metadata"]["labels"].as_object().unwrap();
+        assert_eq!(labels["team"], "a");
+        assert!(!labels.contains_key(labels::BUNDLE_NAME));
+        assert_eq!(labels[labels::MANAGED_BY], "tender");
+        assert_eq!(labels[labels::BUNDLE_DEPLOYMENT], owner().label());
+        assert_eq!(labels[labels::CLUSTER_NAMESPACE], "cluster-ws-c1-12345678");
+        let ann = b["metadata"]["annotations"].as_object().unwrap();
+        assert_eq!(ann["note"], "keep me");
+        assert_eq!(ann[labels::COPY_OF], "ws/db");
+        assert_eq!(ann[labels::OWNER_ANNOTATION], "cluster-ws-c1-12345678/app");
+        assert_eq!(ann[labels::CONTENT_HASH], d.hash.as_str());
+        assert!(!ann.contains_key(labels::KEEP_RESOURCES));
+        assert!(!ann.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+
+        let kept = secret_copy(
+            &hub_secret(),
+            &entry("Secret", "db"),
+            "apps",
+            &owner(),
+            true,
+        );
+        assert_eq!(
+            kept.body["metadata"]["annotations"][labels::KEEP_RESOURCES],
+            "true"
+        );
+        assert_ne!(kept.hash, d.hash, "keep marker is part of the content");
+    }
+
+    #[test]
+    fn copy_hash_follows_data_but_never_contains_it() {
+        let a = secret_copy(
+            &hub_secret(),
+            &entry("Secret", "db"),
+            "apps",
+            &owner(),
+            false,
+        );
+        let mut rotated = hub_secret();
+        rotated.data = Some(BTreeMap::from([(
+            "password".into(),
+            ByteString(b"n3w".to_vec()),
+        )]));
+        let b = secret_copy(&rotated, &entry("Secret", "db"), "apps", &owner(), false);
+        assert_ne!(a.hash, b.hash);
+        assert!(!a.hash.contains("czNjcmV0"));
+    }
+
+    #[test]
+    fn config_map_copy_keeps_data_and_binary_data_apart() {
+        let cm = ConfigMap {
+            data: Some(BTreeMap::from([("k".into(), "v".into())])),
+            binary_data: Some(BTreeMap::from([("b".into(), ByteString(vec![0, 1]))])),
+            ..Default::default()
+        };
+        let d = config_map_copy(&cm, &entry("ConfigMap", "cfg"), "apps", &owner(), false);
+        assert_eq!(d.body["data"]["k"], "v");
+        assert_eq!(d.body["binaryData"]["b"], "AAE=");
+        assert!(d.body.get("immutable").is_none());
+        assert!(d.body.get("type").is_none());
+    }
+
+    fn opts(target: Option<&str>) -> BundleDeploymentOptions {
+        BundleDeploymentOptions {
+            default_namespace: "def".into(),
+            target_namespace: target.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn manifests_get_namespace_and_ownership() {
+        let m = Manifest(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "labels": {"app": "web"}, "resourceVersion": "5"},
+            "spec": {"replicas": 1}, "status": {"x": 1}
+        }));
+        let d = manifest(&m, true, &opts(None), &owner()).unwrap();
+        assert_eq!(d.key, key("apps/v1", "Deployment", Some("def"), "web"));
+        assert_eq!(d.body["metadata"]["namespace"], "def");
+        assert_eq!(d.body["metadata"]["labels"]["app"], "web");
+        assert_eq!(d.body["metadata"]["labels"][labels::MANAGED_BY], "tender");
+        assert!(d.body["metadata"].get("resourceVersion").is_none());
+        assert!(d.body.get("status").is_none());
+        assert!(!d.copy);
+
+        let forced = manifest(&m, true, &opts(Some("t")), &owner()).unwrap();
+        assert_eq!(forced.key.namespace.as_deref(), Some("t"));
+
+        let ns = Manifest(
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x", "namespace": "y"}}),
+        );
+        let d = manifest(&ns, false, &opts(Some("t")), &owner()).unwrap();
+        assert_eq!(d.key.namespace, None);
+        assert!(d.body["metadata"].get("namespace").is_none());
+
+        let bad = Manifest(json!({"kind": "ConfigMap", "metadata": {"name": "x"}}));
+        assert!(manifest(&bad, true, &opts(None), &owner()).is_err());
+    }
+
+    #[test]
+    fn ownership_decisions() {
+        let o = owner();
+        let ann = |v: &str| BTreeMap::from([(labels::OWNER_ANNOTATION.to_string(), v.to_string())]);
+        assert_eq!(ownership(None, &o), Ownership::Unowned);
+        assert_eq!(ownership(Some(&BTreeMap::new()), &o), Ownership::Unowned);
+        assert_eq!(ownership(Some(&ann(&o.annotation())), &o), Ownership::Ours);
+        // Same BundleDeployment name, other cluster namespace (two agents, one downstream).
+        let other = Owner::new("cluster-ws-c2-87654321", "app").annotation();
+        assert_eq!(
+            ownership(Some(&ann(&other)), &o),
+            Ownership::Other(other.clone())
+        );
+
+        assert_eq!(may_write(&Ownership::Ours, false), Ok(false));
+        assert_eq!(may_write(&Ownership::Unowned, true), Ok(true));
+        assert!(
+            may_write(&Ownership::Unowned, false)
+                .unwrap_err()
+                .contains("takeOwnership")
+        );
+        let err = may_write(&Ownership::Other(other.clone()), true).unwrap_err();
+        assert!(err.contains(&other), "{err}");
+    }
+
+    #[test]
+    fn owner_annotation_round_trips() {
+        let o = owner();
+        assert_eq!(Owner::parse(&o.annotation()), Some(o));
+        assert_eq!(Owner::parse("nope"), None);
+        assert_eq!(Owner::parse("/x"), None);
+        assert_eq!(Owner::parse("a/b/c"), None);
+    }
+
+    fn as_existing(d: &Desired) -> Value {
+        let mut v = d.body.clone();
+        v["metadata"]["uid"] = json!("u");
+        v["metadata"]["resourceVersion"] = json!("7");
+        v["metadata"]["labels"]["extra"] = json!("added-by-someone");
+        v
+    }
+
+    #[test]
+    fn drift_detection() {
+        let d = secret_copy(
+            &hub_secret(),
+            &entry("Secret", "db"),
+            "apps",
+            &owner(),
+            false,
+        );
+        let existing = as_existing(&d);
+        assert!(
+            in_sync(&d, &existing),
+            "server fields and extra labels are not drift"
+        );
+
+        let mut edited = existing.clone();
+        edited["data"]["password"] = json!("eA==");
+        assert!(!in_sync(&d, &edited));
+        let mut added = existing.clone();
+        added["data"]["more"] = json!("eA==");
+        assert!(!in_sync(&d, &added), "a key added to a copy is drift");
+        let mut stale = existing.clone();
+        stale["metadata"]["annotations"][labels::CONTENT_HASH] = json!("old");
+        assert!(!in_sync(&d, &stale));
+
+        let m = Manifest(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c"}, "data": {"a": "1"}
+        }));
+        let d = manifest(&m, true, &opts(None), &owner()).unwrap();
+        let mut existing = as_existing(&d);
+        assert!(in_sync(&d, &existing));
+        existing["data"]["a"] = json!("2");
+        assert!(!in_sync(&d, &existing));
+    }
+
+    #[test]
+    fn subset_ignores_defaults_but_not_changes() {
+        let desired = json!({"spec": {"replicas": 1, "template": {"containers": [{"name": "a"}]}, "empty": {}}});
+        let existing = json!({"spec": {"replicas": 1, "strategy": {}, "template": {"containers": [{"name": "a", "imagePullPolicy": "Always"}]}}});
+        assert!(is_subset(&desired, &existing));
+        let changed = json!({"spec": {"replicas": 2, "template": {"containers": [{"name": "a"}]}}});
+        assert!(!is_subset(&desired, &changed));
+        let more = json!({"spec": {"replicas": 1, "template": {"containers": [{"name": "a"}, {"name": "b"}]}}});
+        assert!(!is_subset(&desired, &more));
+    }
+
+    #[test]
+    fn recreate_for_immutable_and_type_changes() {
+        let mut mutable = hub_secret();
+        mutable.immutable = None;
+        let d = secret_copy(&mutable, &entry("Secret", "db"), "apps", &owner(), false);
+        let mut existing = as_existing(&d);
+        existing["data"]["password"] = json!("eA==");
+        assert!(!needs_recreate(&d, &existing));
+        existing["immutable"] = json!(true);
+        assert!(needs_recreate(&d, &existing));
+        let mut other_type = as_existing(&d);
+        other_type["type"] = json!("Opaque");
+        assert!(needs_recreate(&d, &other_type));
+
+        let m = Manifest(
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "immutable": true}),
+        );
+        let d = manifest(&m, true, &opts(None), &owner()).unwrap();
+        assert!(
+            !needs_recreate(&d, &as_existing(&d)),
+            "manifests are never replaced"
+        );
+    }
+
+    #[test]
+    fn prune_set_is_previous_minus_desired() {
+        let a = key("v1", "Secret", Some("n"), "a");
+        let b = key("v1", "ConfigMap", Some("n"), "b");
+        let dep_v1 = key("apps/v1", "Deployment", Some("n"), "d");
+        let dep_v2 = key("apps/v2", "Deployment", Some("n"), "d");
+        let ns = key("v1", "Namespace", None, "n");
+        let prev = vec![a.clone(), b.clone(), dep_v1.clone(), ns.clone(), a.clone()];
+        let desired = vec![b.clone(), dep_v2.clone()];
+        assert_eq!(prune_set(&prev, &desired), vec![a.clone(), ns.clone()]);
+        assert!(prune_set(&[], &desired).is_empty());
+        assert_eq!(union(&desired, &prev), vec![b, dep_v2, a, ns]);
+    }
+
+    #[test]
+    fn strip_patch_removes_only_tender_keys() {
+        let d = secret_copy(
+            &hub_secret(),
+            &entry("Secret", "db"),
+            "apps",
+            &owner(),
+            true,
+        );
+        let labels: BTreeMap<String, String> =
+            serde_json::from_value(d.body["metadata"]["labels"].clone()).unwrap();
+        let annotations: BTreeMap<String, String> =
+            serde_json::from_value(d.body["metadata"]["annotations"].clone()).unwrap();
+        let patch = strip_patch(Some(&labels), Some(&annotations));
+        let l = patch["metadata"]["labels"].as_object().unwrap();
+        let a = patch["metadata"]["annotations"].as_object().unwrap();
+        assert!(l.contains_key(labels::MANAGED_BY));
+        assert!(l.contains_key(labels::BUNDLE_DEPLOYMENT));
+        assert!(!l.contains_key("team"));
+        assert!(a.contains_key(labels::OWNER_ANNOTATION));
+        assert!(a.contains_key(labels::KEEP_RESOURCES));
+        assert!(!a.contains_key("note"));
+        assert!(l.values().chain(a.values()).all(Value::is_null));
+    }
+
+    #[test]
+    fn readiness_rules() {
+        assert!(readiness(&json!({"kind": "ConfigMap"})).is_ok());
+        let dep = json!({"kind": "Deployment", "spec": {"replicas": 2}, "status": {"availableReplicas": 1}});
+        assert_eq!(readiness(&dep).unwrap_err(), "1/2 replicas available");
+        let dep = json!({"kind": "Deployment", "spec": {"replicas": 1}, "status": {"availableReplicas": 1}});
+        assert!(readiness(&dep).is_ok());
+        let stale = json!({"kind": "X", "metadata": {"generation": 3}, "status": {"observedGeneration": 2}});
+        assert!(readiness(&stale).is_err());
+        let cond = json!({"kind": "X", "status": {"conditions": [{"type": "Ready", "status": "False", "message": "m"}]}});
+        assert!(readiness(&cond).unwrap_err().contains("Ready is False"));
+    }
+
+    #[test]
+    fn cluster_selector_scopes_to_one_cluster_namespace() {
+        assert_eq!(
+            cluster_selector("cluster-a-b-1234"),
+            "app.kubernetes.io/managed-by=tender,tender.dev/cluster-namespace=cluster-a-b-1234"
+        );
+    }
+}

@@ -1,0 +1,388 @@
+//! Pure computation of a BundleDeployment's status from what one reconcile found and did.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tender_types::bundle_deployment::object_state;
+use tender_types::conditions::{
+    TYPE_DEPLOYED, TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason, set_condition,
+};
+use tender_types::{BundleDeploymentDisplay, BundleDeploymentStatus, ObjectRef, ObjectStatus};
+
+/// What one reconcile of a BundleDeployment found and did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// `spec.deploymentID`.
+    pub deployment_id: String,
+    /// `metadata.generation`.
+    pub generation: Option<i64>,
+    /// The deploymentID now completely applied (the new one on success, else the previous).
+    pub applied_id: Option<String>,
+    /// Per-copy state, in `downstreamResources` order.
+    pub copies: Vec<ObjectStatus>,
+    /// Per-manifest state, in `resources` order.
+    pub manifests: Vec<ObjectStatus>,
+    /// downstreamResources present but the copy feature is off on this agent.
+    pub copy_feature_disabled: bool,
+    /// `spec.paused` with a deployment waiting.
+    pub paused: bool,
+    /// Objects restored after downstream drift in this reconcile.
+    pub corrected: Vec<ObjectRef>,
+}
+
+/// Reference of an object status.
+pub fn object_ref(s: &ObjectStatus) -> ObjectRef {
+    ObjectRef {
+        api_version: s.api_version.clone(),
+        kind: s.kind.clone(),
+        namespace: s.namespace.clone(),
+        name: s.name.clone(),
+    }
+}
+
+/// `Kind ns/name` for messages.
+pub fn describe(r: &ObjectRef) -> String {
+    match &r.namespace {
+        Some(ns) => format!("{} {ns}/{}", r.kind, r.name),
+        None => format!("{} {}", r.kind, r.name),
+    }
+}
+
+fn with_state<'a>(list: &'a [ObjectStatus], states: &[&str]) -> Vec<&'a ObjectStatus> {
+    list.iter()
+        .filter(|s| states.contains(&s.state.as_str()))
+        .collect()
+}
+
+fn summarize(list: &[&ObjectStatus]) -> String {
+    const SHOWN: usize = 3;
+    let mut parts: Vec<String> = list
+        .iter()
+        .take(SHOWN)
+        .map(|s| {
+            let what = describe(&object_ref(s));
+            match &s.message {
+                Some(m) => format!("{what}: {m}"),
+                None => what,
+            }
+        })
+        .collect();
+    if list.len() > SHOWN {
+        parts.push(format!("and {} more", list.len() - SHOWN));
+    }
+    parts.join("; ")
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(12)]
+}
+
+/// The status to write, starting from `prev` (conditions keep their transition times).
+pub fn compute(
+    prev: Option<&BundleDeploymentStatus>,
+    o: &Outcome,
+    now: Time,
+) -> BundleDeploymentStatus {
+    let mut conditions = prev.map(|p| p.conditions.clone()).unwrap_or_default();
+    let generation = o.generation;
+    let mut set = |type_: &str, ok: bool, reason: &str, message: &str| {
+        set_condition(
+            &mut conditions,
+            type_,
+            ok,
+            reason,
+            message,
+            generation,
+            now.clone(),
+        );
+    };
+
+    let conflict_states = [object_state::CONFLICT];
+    let error_states = [object_state::ERROR, object_state::MISSING];
+    let copy_conflicts = with_state(&o.copies, &conflict_states);
+    let copy_errors: Vec<_> = o
+        .copies
+        .iter()
+        .filter(|s| s.state == object_state::ERROR)
+        .collect();
+
+    // ResourcesCopied
+    if o.copy_feature_disabled {
+        set(
+            TYPE_RESOURCES_COPIED,
+            false,
+            reason::COPY_FEATURE_DISABLED,
+            "downstreamResources are ignored: EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM is off on this agent",
+        );
+    } else if o.copies.is_empty() {
+        set(
+            TYPE_RESOURCES_COPIED,
+            true,
+            reason::NO_RESOURCES_TO_COPY,
+            "",
+        );
+    } else if !copy_conflicts.is_empty() {
+        set(
+            TYPE_RESOURCES_COPIED,
+            false,
+            reason::CONFLICT,
+            &summarize(&copy_conflicts),
+        );
+    } else if !copy_errors.is_empty() {
+        set(
+            TYPE_RESOURCES_COPIED,
+            false,
+            reason::COPY_FAILED,
+            &summarize(&copy_errors),
+        );
+    } else {
+        let missing = with_state(&o.copies, &[object_state::MISSING]);
+        if missing.is_empty() || o.applied_id.as_deref() == Some(&o.deployment_id) {
+            set(
+                TYPE_RESOURCES_COPIED,
+                true,
+                reason::RESOURCES_COPIED,
+                &format!("{} copies in place", o.copies.len()),
+            );
+        } else {
+            set(
+                TYPE_RESOURCES_COPIED,
+                false,
+                reason::COPY_FAILED,
+                &summarize(&missing),
+            );
+        }
+    }
+
+    let all: Vec<ObjectStatus> = o.copies.iter().chain(&o.manifests).cloned().collect();
+    let conflicts = with_state(&all, &conflict_states);
+    let errors = with_state(&all, &error_states);
+    let applied = o.applied_id.as_deref() == Some(o.deployment_id.as_str());
+
+    // Deployed
+    let (deployed_reason, deployed_message) = if applied {
+        let mut message = format!("deployment {} applied", short(&o.deployment_id));
+        if !o.corrected.is_empty() {
+            let restored: Vec<String> = o.corrected.iter().map(describe).collect();
+            message.push_str(&format!(
+                "; restored after downstream drift: {}",
+                restored.join(", ")
+            ));
+        } else if let Some(c) = prev
+            .filter(|p| p.applied_deployment_id == o.applied_id)
+            .and_then(|p| find_condition(&p.conditions, TYPE_DEPLOYED))
+            .filter(|c| c.reason == reason::DEPLOYED)
+        {
+            // Keep the last drift note until the next deployment, so it stays visible.
+            message = c.message.clone();
+        }
+        (reason::DEPLOYED, message)
+    } else if o.paused {
+        (reason::PAUSED, "BundleDeployment is paused".to_string())
+    } else if !conflicts.is_empty() {
+        (reason::CONFLICT, summarize(&conflicts))
+    } else if !copy_errors.is_empty() || !with_state(&o.copies, &[object_state::MISSING]).is_empty()
+    {
+        (
+            reason::COPY_FAILED,
+            "waiting for every copy to be in place before applying manifests".to_string(),
+        )
+    } else if !errors.is_empty() {
+        (reason::APPLY_FAILED, summarize(&errors))
+    } else {
+        (
+            reason::WAIT_APPLIED,
+            format!("deployment {} not applied yet", short(&o.deployment_id)),
+        )
+    };
+    set(TYPE_DEPLOYED, applied, deployed_reason, &deployed_message);
+
+    // Ready
+    let modified = with_state(&all, &[object_state::MODIFIED]);
+    let missing_after_apply: Vec<_> = if applied {
+        with_state(&all, &[object_state::MISSING])
+    } else {
+        Vec::new()
+    };
+    let not_ready = with_state(&all, &[object_state::NOT_READY]);
+    let (ready, ready_reason, ready_message, display) = if !applied {
+        let display = match deployed_reason {
+            reason::PAUSED => "Paused",
+            reason::WAIT_APPLIED => "WaitApplied",
+            _ => "ErrApplied",
+        };
+        (false, deployed_reason, deployed_message.clone(), display)
+    } else if !modified.is_empty() || !missing_after_apply.is_empty() {
+        let mut drifted = modified.clone();
+        drifted.extend(missing_after_apply.iter().copied());
+        (false, reason::MODIFIED, summarize(&drifted), "Modified")
+    } else if !not_ready.is_empty() {
+        (false, reason::NOT_READY, summarize(&not_ready), "NotReady")
+    } else {
+        (
+            true,
+            reason::READY,
+            format!("{} objects ready", all.len()),
+            "Ready",
+        )
+    };
+    set(TYPE_READY, ready, ready_reason, &ready_message);
+
+    let refs = |states: &[&str]| -> Vec<ObjectRef> {
+        all.iter()
+            .filter(|s| states.contains(&s.state.as_str()))
+            .map(object_ref)
+            .collect()
+    };
+    BundleDeploymentStatus {
+        applied_deployment_id: o.applied_id.clone(),
+        observed_generation: generation,
+        conditions,
+        modified: if applied {
+            refs(&[object_state::MODIFIED, object_state::MISSING])
+        } else {
+            refs(&[object_state::MODIFIED])
+        },
+        non_ready: refs(&[object_state::NOT_READY]),
+        resources: all,
+        display: Some(BundleDeploymentDisplay {
+            state: display.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+    use tender_types::conditions::is_true;
+
+    fn at(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    fn obj(kind: &str, name: &str, state: &str) -> ObjectStatus {
+        ObjectStatus {
+            api_version: "v1".into(),
+            kind: kind.into(),
+            namespace: Some("apps".into()),
+            name: name.into(),
+            state: state.into(),
+            message: None,
+        }
+    }
+
+    fn outcome(applied: bool) -> Outcome {
+        Outcome {
+            deployment_id: "id-2".into(),
+            generation: Some(3),
+            applied_id: Some(if applied { "id-2" } else { "id-1" }.into()),
+            copies: vec![obj("Secret", "db", object_state::READY)],
+            manifests: vec![obj("ConfigMap", "app", object_state::READY)],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn applied_and_ready() {
+        let s = compute(None, &outcome(true), at(1));
+        assert_eq!(s.applied_deployment_id.as_deref(), Some("id-2"));
+        for t in [TYPE_READY, TYPE_DEPLOYED, TYPE_RESOURCES_COPIED] {
+            assert!(is_true(&s.conditions, t), "{t}");
+        }
+        assert_eq!(s.resources.len(), 2);
+        assert_eq!(s.resources[0].kind, "Secret", "copies first");
+        assert_eq!(s.display.unwrap().state, "Ready");
+        assert_eq!(s.observed_generation, Some(3));
+        // Same outcome again: identical status, so no write.
+        let again = compute(
+            Some(&compute(None, &outcome(true), at(1))),
+            &outcome(true),
+            at(9),
+        );
+        assert_eq!(again, compute(None, &outcome(true), at(1)));
+    }
+
+    #[test]
+    fn conflicting_copy_blocks_the_deployment() {
+        let mut o = outcome(false);
+        o.copies[0].state = object_state::CONFLICT.into();
+        o.copies[0].message = Some("exists and was not created by tender".into());
+        o.manifests[0].state = object_state::MISSING.into();
+        let s = compute(None, &o, at(1));
+        let rc = find_condition(&s.conditions, TYPE_RESOURCES_COPIED).unwrap();
+        assert_eq!(
+            (rc.status.as_str(), rc.reason.as_str()),
+            ("False", reason::CONFLICT)
+        );
+        assert!(rc.message.contains("Secret apps/db"), "{}", rc.message);
+        let d = find_condition(&s.conditions, TYPE_DEPLOYED).unwrap();
+        assert_eq!(d.reason, reason::CONFLICT);
+        assert!(!is_true(&s.conditions, TYPE_READY));
+        assert_eq!(s.display.unwrap().state, "ErrApplied");
+        assert_eq!(s.applied_deployment_id.as_deref(), Some("id-1"));
+    }
+
+    #[test]
+    fn drift_is_reported_and_corrections_stay_visible() {
+        let mut o = outcome(true);
+        o.copies[0].state = object_state::MODIFIED.into();
+        let s = compute(None, &o, at(1));
+        let ready = find_condition(&s.conditions, TYPE_READY).unwrap();
+        assert_eq!(ready.reason, reason::MODIFIED);
+        assert_eq!(s.modified.len(), 1);
+        assert_eq!(s.display.as_ref().unwrap().state, "Modified");
+
+        let mut fixed = outcome(true);
+        fixed.corrected = vec![object_ref(&fixed.copies[0])];
+        let s = compute(Some(&s), &fixed, at(2));
+        assert!(is_true(&s.conditions, TYPE_READY));
+        let d = find_condition(&s.conditions, TYPE_DEPLOYED).unwrap();
+        assert!(
+            d.message
+                .contains("restored after downstream drift: Secret apps/db")
+        );
+        // A later quiet reconcile keeps the note (and so writes nothing).
+        let quiet = compute(Some(&s), &outcome(true), at(3));
+        assert_eq!(quiet, s);
+    }
+
+    #[test]
+    fn waiting_paused_and_gate_off() {
+        let s = compute(None, &outcome(false), at(1));
+        assert_eq!(
+            find_condition(&s.conditions, TYPE_DEPLOYED).unwrap().reason,
+            reason::WAIT_APPLIED
+        );
+        assert_eq!(s.display.unwrap().state, "WaitApplied");
+
+        let mut p = outcome(false);
+        p.paused = true;
+        let s = compute(None, &p, at(1));
+        assert_eq!(
+            find_condition(&s.conditions, TYPE_READY).unwrap().reason,
+            reason::PAUSED
+        );
+
+        let mut g = outcome(true);
+        g.copies.clear();
+        g.copy_feature_disabled = true;
+        let s = compute(None, &g, at(1));
+        assert_eq!(
+            find_condition(&s.conditions, TYPE_RESOURCES_COPIED)
+                .unwrap()
+                .reason,
+            reason::COPY_FEATURE_DISABLED
+        );
+    }
+
+    #[test]
+    fn not_ready_objects_are_listed() {
+        let mut o = outcome(true);
+        o.manifests[0].state = object_state::NOT_READY.into();
+        o.manifests[0].message = Some("0/1 replicas available".into());
+        let s = compute(None, &o, at(1));
+        assert_eq!(s.non_ready.len(), 1);
+        let r = find_condition(&s.conditions, TYPE_READY).unwrap();
+        assert_eq!(r.reason, reason::NOT_READY);
+        assert!(r.message.contains("0/1 replicas"));
+    }
+}

@@ -1,0 +1,465 @@
+//! What a Bundle should have written for it: one BundleDeployment per targeted cluster and one
+//! copy per downstream resource. Pure: unit tests call it with plain values.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use tender_types::targeting::{self, ClusterInfo, GroupInfo, TargetingError};
+use tender_types::{
+    BundleDeploymentOptions, BundleDeploymentSpec, BundleSpec, CopiedResource, DownstreamResource,
+    SourceKind, hash, names, namespaces,
+};
+
+/// A Cluster as planning sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterView<'a> {
+    /// Name of the Cluster.
+    pub name: &'a str,
+    /// Its labels (what targets select).
+    pub labels: &'a BTreeMap<String, String>,
+    /// Its namespace on the hub once the cluster controller has provisioned it.
+    pub namespace: Option<&'a str>,
+    /// `spec.paused` of the Cluster.
+    pub paused: bool,
+}
+
+/// What the hub knows about one referenced source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceState {
+    /// The source exists; its content hash.
+    Found {
+        /// [`tender_types::hash::secret_hash`] or [`tender_types::hash::config_map_hash`].
+        hash: String,
+    },
+    /// No such object in the Bundle's namespace.
+    Missing,
+}
+
+/// Key of a source in the Bundle's namespace.
+pub type SourceKey = (SourceKind, String);
+
+/// One copy of a source into a cluster namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredCopy {
+    /// Kind of the source and the copy.
+    pub kind: SourceKind,
+    /// Name of the source in the Bundle's namespace.
+    pub source: String,
+    /// Name of the copy in the cluster namespace ([`names::copy_name`]).
+    pub copy_name: String,
+    /// Content hash of the source.
+    pub hash: String,
+}
+
+/// The BundleDeployment for one targeted cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredDeployment {
+    /// Name of the Cluster.
+    pub cluster: String,
+    /// The cluster namespace on the hub.
+    pub namespace: String,
+    /// The spec to write; `None` while a source it needs is missing (nothing is written for
+    /// this cluster, and what is already there stays, so the agent never deploys manifests
+    /// before their copies exist).
+    pub spec: Option<BundleDeploymentSpec>,
+    /// Copies this deployment needs (empty when blocked or the copy feature is off).
+    pub copies: Vec<DesiredCopy>,
+}
+
+/// Everything a Bundle should have, and why not, when it cannot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// Names of every cluster a target selects (deleting clusters excluded by the caller).
+    pub matched: Vec<String>,
+    /// One entry per matched cluster whose namespace is provisioned.
+    pub deployments: Vec<DesiredDeployment>,
+    /// Matched clusters still waiting for their namespace.
+    pub waiting_for_namespace: Vec<String>,
+    /// Missing sources that a matched cluster needs, as `Kind/name`.
+    pub missing: BTreeSet<String>,
+    /// Entries with a kind tender cannot copy, as `Kind/name`.
+    pub unsupported: BTreeSet<String>,
+    /// `downstreamResources` are set (for a matched cluster) but the copy feature is off.
+    pub copy_disabled: bool,
+    /// Number of copies across all deployments.
+    pub copies: usize,
+}
+
+/// Every source any target of `spec` may copy (all targets, matched or not), so a source
+/// event reaches the Bundle whatever the current targeting.
+pub fn referenced_sources(spec: &BundleSpec) -> BTreeSet<SourceKey> {
+    spec.downstream_resources
+        .iter()
+        .chain(
+            spec.targets
+                .iter()
+                .filter_map(|t| t.downstream_resources.as_ref())
+                .flatten(),
+        )
+        .filter_map(|r| Some((r.source_kind()?, r.name.clone())))
+        .collect()
+}
+
+fn display(r: &DownstreamResource) -> String {
+    format!("{}/{}", r.kind, r.name)
+}
+
+/// Plans the BundleDeployments and copies of Bundle `bundle_name`.
+///
+/// `sources` holds the state of every source the matched clusters need (when `copy_enabled`);
+/// a source absent from the map counts as missing.
+pub fn plan(
+    bundle_name: &str,
+    spec: &BundleSpec,
+    clusters: &[ClusterView<'_>],
+    groups: &[GroupInfo<'_>],
+    sources: &BTreeMap<SourceKey, SourceState>,
+    copy_enabled: bool,
+) -> Result<Plan, TargetingError> {
+    let infos: Vec<ClusterInfo<'_>> = clusters
+        .iter()
+        .map(|c| ClusterInfo {
+            name: c.name,
+            labels: c.labels,
+        })
+        .collect();
+    let matches = targeting::match_targets(spec, &infos, groups)?;
+    let by_name: BTreeMap<&str, &ClusterView<'_>> = clusters.iter().map(|c| (c.name, c)).collect();
+
+    let mut plan = Plan::default();
+    for m in matches {
+        let cluster = by_name[m.cluster.as_str()];
+        plan.matched.push(m.cluster.clone());
+        let Some(namespace) = cluster.namespace else {
+            plan.waiting_for_namespace.push(m.cluster.clone());
+            continue;
+        };
+        let resolved = m.resolved;
+        let mut copies = Vec::new();
+        let mut blocked = false;
+        if !resolved.downstream_resources.is_empty() && !copy_enabled {
+            plan.copy_disabled = true;
+        }
+        if copy_enabled {
+            for entry in &resolved.downstream_resources {
+                let Some(kind) = entry.source_kind() else {
+                    plan.unsupported.insert(display(entry));
+                    blocked = true;
+                    continue;
+                };
+                match sources.get(&(kind, entry.name.clone())) {
+                    Some(SourceState::Found { hash }) => copies.push(DesiredCopy {
+                        kind,
+                        source: entry.name.clone(),
+                        copy_name: names::copy_name(bundle_name, kind.as_str(), &entry.name),
+                        hash: hash.clone(),
+                    }),
+                    Some(SourceState::Missing) | None => {
+                        plan.missing.insert(display(entry));
+                        blocked = true;
+                    }
+                }
+            }
+        }
+        if blocked {
+            plan.deployments.push(DesiredDeployment {
+                cluster: m.cluster,
+                namespace: namespace.to_string(),
+                spec: None,
+                copies: Vec::new(),
+            });
+            continue;
+        }
+        let mut downstream: Vec<CopiedResource> = copies
+            .iter()
+            .map(|c| CopiedResource {
+                kind: c.kind.as_str().to_string(),
+                name: c.source.clone(),
+                copy_name: c.copy_name.clone(),
+                hash: c.hash.clone(),
+            })
+            .collect();
+        downstream.sort();
+        let options = BundleDeploymentOptions {
+            default_namespace: namespaces::default_namespace(resolved.default_namespace.as_deref())
+                .to_string(),
+            target_namespace: resolved.target_namespace.clone(),
+            keep_resources: resolved.keep_resources,
+            take_ownership: spec.take_ownership,
+            correct_drift: spec.correct_drift_enabled(),
+            downstream_resources: downstream,
+        };
+        let bd_spec = BundleDeploymentSpec {
+            deployment_id: hash::deployment_id(&spec.resources, &options),
+            paused: spec.paused || cluster.paused,
+            options,
+            resources: spec.resources.clone(),
+        };
+        plan.copies += copies.len();
+        plan.deployments.push(DesiredDeployment {
+            cluster: m.cluster,
+            namespace: namespace.to_string(),
+            spec: Some(bd_spec),
+            copies,
+        });
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    use tender_types::{BundleTarget, Manifest};
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn entry(kind: &str, name: &str) -> DownstreamResource {
+        DownstreamResource {
+            api_version: None,
+            kind: kind.into(),
+            name: name.into(),
+        }
+    }
+
+    fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some(labels(pairs)),
+            ..Default::default()
+        }
+    }
+
+    struct World {
+        labels: Vec<BTreeMap<String, String>>,
+        names: Vec<String>,
+    }
+
+    impl World {
+        fn new(n: usize) -> Self {
+            let names = (0..n).map(|i| format!("c{i}")).collect();
+            let labels = (0..n)
+                .map(|i| labels(&[("env", if i % 2 == 0 { "prod" } else { "dev" })]))
+                .collect();
+            Self { labels, names }
+        }
+        fn views(&self) -> Vec<ClusterView<'_>> {
+            self.names
+                .iter()
+                .zip(&self.labels)
+                .map(|(name, labels)| ClusterView {
+                    name,
+                    labels,
+                    namespace: Some(name.as_str()),
+                    paused: false,
+                })
+                .collect()
+        }
+    }
+
+    fn spec_with_selector(sel: LabelSelector) -> BundleSpec {
+        BundleSpec {
+            targets: vec![BundleTarget {
+                cluster_selector: Some(sel),
+                ..Default::default()
+            }],
+            resources: vec![Manifest(serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m"}
+            }))],
+            downstream_resources: vec![entry("Secret", "creds"), entry("ConfigMap", "conf")],
+            ..Default::default()
+        }
+    }
+
+    fn found(hash: &str) -> SourceState {
+        SourceState::Found { hash: hash.into() }
+    }
+
+    fn all_sources() -> BTreeMap<SourceKey, SourceState> {
+        BTreeMap::from([
+            ((SourceKind::Secret, "creds".into()), found("h1")),
+            ((SourceKind::ConfigMap, "conf".into()), found("h2")),
+        ])
+    }
+
+    #[test]
+    fn selector_targets_matching_clusters_with_copies() {
+        let world = World::new(6);
+        let spec = spec_with_selector(selector(&[("env", "prod")]));
+        let plan = plan("app", &spec, &world.views(), &[], &all_sources(), true).unwrap();
+        assert_eq!(plan.matched, ["c0", "c2", "c4"]);
+        assert_eq!(plan.deployments.len(), 3);
+        assert_eq!(plan.copies, 6);
+        assert!(plan.missing.is_empty() && !plan.copy_disabled);
+        let d = &plan.deployments[0];
+        assert_eq!(d.namespace, "c0");
+        let spec0 = d.spec.as_ref().unwrap();
+        assert_eq!(spec0.options.default_namespace, "default");
+        assert!(spec0.options.correct_drift);
+        let copied: Vec<_> = spec0
+            .options
+            .downstream_resources
+            .iter()
+            .map(|c| (c.kind.as_str(), c.name.as_str(), c.hash.as_str()))
+            .collect();
+        assert_eq!(
+            copied,
+            [("ConfigMap", "conf", "h2"), ("Secret", "creds", "h1")]
+        );
+        assert_eq!(
+            d.copies[0].copy_name,
+            names::copy_name("app", "Secret", "creds")
+        );
+        assert_eq!(
+            spec0.deployment_id,
+            hash::deployment_id(&spec.resources, &spec0.options)
+        );
+    }
+
+    #[test]
+    fn rotation_changes_deployment_id_only() {
+        let world = World::new(2);
+        let spec = spec_with_selector(LabelSelector::default());
+        let before = plan("app", &spec, &world.views(), &[], &all_sources(), true).unwrap();
+        let mut rotated = all_sources();
+        rotated.insert((SourceKind::Secret, "creds".into()), found("h1-new"));
+        let after = plan("app", &spec, &world.views(), &[], &rotated, true).unwrap();
+        let (b, a) = (
+            before.deployments[0].spec.as_ref().unwrap(),
+            after.deployments[0].spec.as_ref().unwrap(),
+        );
+        assert_ne!(b.deployment_id, a.deployment_id);
+        assert_eq!(b.resources, a.resources);
+        assert_eq!(
+            before.deployments[0].copies[1].copy_name,
+            after.deployments[0].copies[1].copy_name
+        );
+    }
+
+    #[test]
+    fn missing_source_blocks_only_clusters_that_need_it() {
+        let world = World::new(2);
+        let mut spec = spec_with_selector(LabelSelector::default());
+        spec.targets = vec![
+            BundleTarget {
+                cluster_name: Some("c0".into()),
+                downstream_resources: Some(vec![entry("ConfigMap", "conf")]),
+                ..Default::default()
+            },
+            BundleTarget {
+                cluster_name: Some("c1".into()),
+                ..Default::default()
+            },
+        ];
+        let sources = BTreeMap::from([
+            ((SourceKind::Secret, "creds".into()), SourceState::Missing),
+            ((SourceKind::ConfigMap, "conf".into()), found("h2")),
+        ]);
+        let plan = plan("app", &spec, &world.views(), &[], &sources, true).unwrap();
+        assert_eq!(plan.missing, BTreeSet::from(["Secret/creds".to_string()]));
+        assert!(plan.deployments[0].spec.is_some(), "c0 only needs conf");
+        assert!(
+            plan.deployments[1].spec.is_none(),
+            "c1 needs the missing Secret"
+        );
+        assert!(plan.deployments[1].copies.is_empty());
+    }
+
+    #[test]
+    fn gate_off_writes_deployments_without_copies() {
+        let world = World::new(2);
+        let spec = spec_with_selector(LabelSelector::default());
+        let plan = plan("app", &spec, &world.views(), &[], &BTreeMap::new(), false).unwrap();
+        assert!(plan.copy_disabled);
+        assert!(plan.missing.is_empty(), "sources are not even looked at");
+        assert_eq!(plan.copies, 0);
+        for d in &plan.deployments {
+            assert!(
+                d.spec
+                    .as_ref()
+                    .unwrap()
+                    .options
+                    .downstream_resources
+                    .is_empty()
+            );
+        }
+    }
+
+    #[test]
+    fn groups_names_pause_and_unprovisioned_namespaces() {
+        let mut world = World::new(4);
+        world.labels[3].insert("region".into(), "eu".into());
+        let group_labels = labels(&[("tier", "gold")]);
+        let group_selector = selector(&[("region", "eu")]);
+        let groups = [GroupInfo {
+            name: "eu",
+            labels: &group_labels,
+            selector: &group_selector,
+        }];
+        let mut spec = spec_with_selector(LabelSelector::default());
+        spec.downstream_resources.clear();
+        spec.paused = true;
+        spec.targets = vec![
+            BundleTarget {
+                cluster_group: Some("eu".into()),
+                ..Default::default()
+            },
+            BundleTarget {
+                cluster_group_selector: Some(selector(&[("tier", "gold")])),
+                ..Default::default()
+            },
+            BundleTarget {
+                cluster_name: Some("c1".into()),
+                target_namespace: Some("apps".into()),
+                ..Default::default()
+            },
+        ];
+        let mut views = world.views();
+        views[1].namespace = None;
+        let plan = plan("app", &spec, &views, &groups, &BTreeMap::new(), true).unwrap();
+        assert_eq!(plan.matched, ["c1", "c3"]);
+        assert_eq!(plan.waiting_for_namespace, ["c1"]);
+        assert_eq!(plan.deployments.len(), 1);
+        let d = plan.deployments[0].spec.as_ref().unwrap();
+        assert!(d.paused);
+        assert!(!plan.copy_disabled);
+    }
+
+    #[test]
+    fn referenced_sources_cover_every_target() {
+        let mut spec = spec_with_selector(LabelSelector::default());
+        spec.targets.push(BundleTarget {
+            cluster_name: Some("x".into()),
+            downstream_resources: Some(vec![entry("Secret", "other"), entry("Pod", "p")]),
+            ..Default::default()
+        });
+        let refs = referenced_sources(&spec);
+        assert_eq!(
+            refs,
+            BTreeSet::from([
+                (SourceKind::Secret, "creds".to_string()),
+                (SourceKind::ConfigMap, "conf".to_string()),
+                (SourceKind::Secret, "other".to_string()),
+            ])
+        );
+    }
+
+    #[test]
+    fn invalid_selector_is_an_error() {
+        let world = World::new(1);
+        let spec = spec_with_selector(LabelSelector {
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "env".into(),
+                    operator: "Bogus".into(),
+                    values: None,
+                },
+            ]),
+            ..Default::default()
+        });
+        assert!(plan("app", &spec, &world.views(), &[], &BTreeMap::new(), true).is_err());
+    }
+}

@@ -1,0 +1,408 @@
+//! Folding BundleDeployment states into Bundle and Cluster status. Pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use tender_types::conditions::{
+    self, TYPE_DEPLOYED, TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason,
+};
+use tender_types::{BundleDeployment, BundleDisplay, BundleStatus, BundleSummary};
+
+/// State of one BundleDeployment as the summaries count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeploymentState {
+    /// No agent has reported on it yet.
+    Pending,
+    /// The agent has not yet applied the current deploymentID.
+    WaitApplied,
+    /// The last apply (or copy) failed.
+    ErrApplied,
+    /// Deployed objects were changed downstream.
+    Modified,
+    /// Applied, but objects are not ready.
+    NotReady,
+    /// Applied at the current deploymentID and ready.
+    Ready,
+}
+
+/// Classifies one BundleDeployment from its spec and the status its agent reported.
+pub fn classify(bd: &BundleDeployment) -> DeploymentState {
+    let Some(status) = &bd.status else {
+        return DeploymentState::Pending;
+    };
+    if status.applied_deployment_id.is_none() && status.conditions.is_empty() {
+        return DeploymentState::Pending;
+    }
+    let failed = |type_| {
+        find_condition(&status.conditions, type_).is_some_and(|c| {
+            c.status == "False"
+                && matches!(
+                    c.reason.as_str(),
+                    reason::APPLY_FAILED | reason::COPY_FAILED | reason::CONFLICT
+                )
+        })
+    };
+    if failed(TYPE_DEPLOYED) || failed(TYPE_RESOURCES_COPIED) {
+        return DeploymentState::ErrApplied;
+    }
+    if status.applied_deployment_id.as_deref() != Some(bd.spec.deployment_id.as_str()) {
+        return DeploymentState::WaitApplied;
+    }
+    if !status.modified.is_empty() {
+        return DeploymentState::Modified;
+    }
+    if conditions::is_true(&status.conditions, TYPE_READY) {
+        DeploymentState::Ready
+    } else {
+        DeploymentState::NotReady
+    }
+}
+
+/// Counts BundleDeployments by state; `desired` of them should exist, and those not present
+/// count as pending.
+pub fn summarize<'a>(
+    desired: usize,
+    bds: impl IntoIterator<Item = &'a BundleDeployment>,
+) -> BundleSummary {
+    let mut s = BundleSummary {
+        desired_ready: to_i32(desired),
+        ..Default::default()
+    };
+    let mut seen = 0;
+    for bd in bds {
+        seen += 1;
+        match classify(bd) {
+            DeploymentState::Pending => s.pending += 1,
+            DeploymentState::WaitApplied => s.wait_applied += 1,
+            DeploymentState::ErrApplied => s.err_applied += 1,
+            DeploymentState::Modified => s.modified += 1,
+            DeploymentState::NotReady => s.not_ready += 1,
+            DeploymentState::Ready => s.ready += 1,
+        }
+    }
+    s.pending += to_i32(desired.saturating_sub(seen));
+    s
+}
+
+fn to_i32(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// The not-ready reason and one-word state a summary stands for, worst first; `None` when
+/// every desired deployment is ready.
+pub fn summary_reason(s: &BundleSummary) -> Option<(&'static str, &'static str)> {
+    if s.err_applied > 0 {
+        Some((reason::APPLY_FAILED, "ErrApplied"))
+    } else if s.modified > 0 {
+        Some((reason::MODIFIED, "Modified"))
+    } else if s.wait_applied > 0 {
+        Some((reason::WAIT_APPLIED, "WaitApplied"))
+    } else if s.pending > 0 {
+        Some((reason::WAIT_APPLIED, "Pending"))
+    } else if s.not_ready > 0 {
+        Some((reason::NOT_READY, "NotReady"))
+    } else {
+        None
+    }
+}
+
+/// What the Bundle controller found, in the words its status uses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BundleFacts {
+    /// A target or group selector cannot be evaluated.
+    pub targeting_error: Option<String>,
+    /// Number of matched clusters.
+    pub matched: usize,
+    /// Missing sources (`Kind/name`), sorted.
+    pub missing: Vec<String>,
+    /// Unsupported entries (`Kind/name`), sorted.
+    pub unsupported: Vec<String>,
+    /// `downstreamResources` set but the copy feature is off.
+    pub copy_disabled: bool,
+    /// Number of copies in place or written.
+    pub copies: usize,
+    /// `spec.paused`.
+    pub paused: bool,
+    /// BundleDeployments of matched clusters by state.
+    pub summary: BundleSummary,
+}
+
+/// The Bundle status for `facts`, starting from `existing` so condition transition times are
+/// kept and an unchanged result compares equal (no write).
+pub fn bundle_status(
+    existing: Option<&BundleStatus>,
+    facts: &BundleFacts,
+    generation: Option<i64>,
+    now: Time,
+) -> BundleStatus {
+    let mut status = existing.cloned().unwrap_or_default();
+    status.observed_generation = generation;
+    let s = &facts.summary;
+
+    // Copies.
+    let (copied, copy_reason, copy_message) = if !facts.missing.is_empty() {
+        (
+            false,
+            reason::SOURCE_NOT_FOUND,
+            format!(
+                "not found in the Bundle's namespace: {}; nothing is written for the clusters that need them until they exist",
+                facts.missing.join(", ")
+            ),
+        )
+    } else if !facts.unsupported.is_empty() {
+        (
+            false,
+            reason::UNSUPPORTED_KIND,
+            format!(
+                "only Secret and ConfigMap can be copied: {}",
+                facts.unsupported.join(", ")
+            ),
+        )
+    } else if facts.copy_disabled {
+        (
+            false,
+            reason::COPY_FEATURE_DISABLED,
+            "downstreamResources is ignored: EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM is off on the hub, so nothing is copied".to_string(),
+        )
+    } else if facts.copies == 0 {
+        (true, reason::NO_RESOURCES_TO_COPY, String::new())
+    } else {
+        (
+            true,
+            reason::RESOURCES_COPIED,
+            format!("{} copies in place", facts.copies),
+        )
+    };
+    conditions::set_condition(
+        &mut status.conditions,
+        TYPE_RESOURCES_COPIED,
+        copied,
+        copy_reason,
+        &copy_message,
+        generation,
+        now.clone(),
+    );
+
+    // Readiness, the most actionable problem first.
+    let ready_count = format!("{}/{}", s.ready, facts.matched);
+    let (ready, ready_reason, message, state) = if let Some(err) = &facts.targeting_error {
+        (
+            false,
+            reason::INVALID_SELECTOR,
+            err.clone(),
+            "InvalidSelector",
+        )
+    } else if facts.matched == 0 {
+        (
+            false,
+            reason::NO_CLUSTERS_MATCHED,
+            "no target selects any Cluster in this namespace".to_string(),
+            "NoClusters",
+        )
+    } else if copy_reason == reason::SOURCE_NOT_FOUND || copy_reason == reason::UNSUPPORTED_KIND {
+        (false, copy_reason, copy_message.clone(), "SourceNotFound")
+    } else if facts.paused {
+        (
+            false,
+            reason::PAUSED,
+            format!("rollout is paused; {ready_count} clusters ready"),
+            "Paused",
+        )
+    } else if let Some((why, state)) = summary_reason(s) {
+        (
+            false,
+            why,
+            format!(
+                "{ready_count} clusters ready ({} pending, {} waiting to apply, {} failed, {} modified, {} not ready)",
+                s.pending, s.wait_applied, s.err_applied, s.modified, s.not_ready
+            ),
+            state,
+        )
+    } else {
+        (true, reason::READY, String::new(), "Ready")
+    };
+    conditions::set_condition(
+        &mut status.conditions,
+        TYPE_READY,
+        ready,
+        ready_reason,
+        &message,
+        generation,
+        now,
+    );
+    status.summary = Some(s.clone());
+    status.display = Some(BundleDisplay {
+        ready_clusters: ready_count,
+        state: state.to_string(),
+    });
+    status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use k8s_openapi::jiff::Timestamp;
+    use tender_types::{BundleDeploymentSpec, BundleDeploymentStatus, ObjectRef};
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    fn cond(type_: &str, status: bool, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: if status { "True" } else { "False" }.into(),
+            reason: reason.into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: at(0),
+        }
+    }
+
+    fn bd(id: &str, status: Option<BundleDeploymentStatus>) -> BundleDeployment {
+        let mut bd = BundleDeployment::new(
+            "b",
+            BundleDeploymentSpec {
+                deployment_id: id.into(),
+                ..Default::default()
+            },
+        );
+        bd.status = status;
+        bd
+    }
+
+    fn reported(applied: &str, conditions: Vec<Condition>) -> Option<BundleDeploymentStatus> {
+        Some(BundleDeploymentStatus {
+            applied_deployment_id: Some(applied.into()),
+            conditions,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn classifies_agent_reports() {
+        assert_eq!(classify(&bd("a", None)), DeploymentState::Pending);
+        assert_eq!(
+            classify(&bd(
+                "b",
+                reported("a", vec![cond(TYPE_READY, true, "Ready")])
+            )),
+            DeploymentState::WaitApplied
+        );
+        assert_eq!(
+            classify(&bd(
+                "a",
+                reported("a", vec![cond(TYPE_READY, true, "Ready")])
+            )),
+            DeploymentState::Ready
+        );
+        assert_eq!(
+            classify(&bd(
+                "a",
+                reported("a", vec![cond(TYPE_READY, false, "NotReady")])
+            )),
+            DeploymentState::NotReady
+        );
+        assert_eq!(
+            classify(&bd(
+                "b",
+                reported("a", vec![cond(TYPE_DEPLOYED, false, reason::APPLY_FAILED)])
+            )),
+            DeploymentState::ErrApplied
+        );
+        let mut modified = reported("a", vec![cond(TYPE_READY, true, "Ready")]);
+        modified.as_mut().unwrap().modified = vec![ObjectRef::default()];
+        assert_eq!(classify(&bd("a", modified)), DeploymentState::Modified);
+    }
+
+    #[test]
+    fn summary_counts_missing_deployments_as_pending() {
+        let bds = [
+            bd("a", reported("a", vec![cond(TYPE_READY, true, "Ready")])),
+            bd("b", reported("a", vec![])),
+        ];
+        let s = summarize(4, &bds);
+        assert_eq!(
+            (s.desired_ready, s.ready, s.wait_applied, s.pending),
+            (4, 1, 1, 2)
+        );
+        assert_eq!(
+            summary_reason(&s),
+            Some((reason::WAIT_APPLIED, "WaitApplied"))
+        );
+        let all_ready = summarize(1, &bds[..1]);
+        assert_eq!(summary_reason(&all_ready), None);
+    }
+
+    fn facts(matched: usize, ready: i32) -> BundleFacts {
+        BundleFacts {
+            matched,
+            summary: BundleSummary {
+                desired_ready: matched as i32,
+                ready,
+                pending: matched as i32 - ready,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ready_when_every_cluster_is_ready_and_stable_when_unchanged() {
+        let status = bundle_status(None, &facts(2, 2), Some(1), at(10));
+        let ready = find_condition(&status.conditions, TYPE_READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("True", "Ready")
+        );
+        assert_eq!(status.display.as_ref().unwrap().ready_clusters, "2/2");
+        let again = bundle_status(Some(&status), &facts(2, 2), Some(1), at(99));
+        assert_eq!(
+            again, status,
+            "unchanged facts give an equal status (no write)"
+        );
+    }
+
+    #[test]
+    fn reasons_in_order_of_what_to_fix_first() {
+        let get = |f: &BundleFacts| {
+            let s = bundle_status(None, f, None, at(0));
+            let ready = find_condition(&s.conditions, TYPE_READY).unwrap().clone();
+            let copied = find_condition(&s.conditions, TYPE_RESOURCES_COPIED)
+                .unwrap()
+                .clone();
+            (ready, copied)
+        };
+        let (ready, _) = get(&facts(0, 0));
+        assert_eq!(ready.reason, reason::NO_CLUSTERS_MATCHED);
+
+        let mut missing = facts(3, 0);
+        missing.missing = vec!["Secret/creds".into()];
+        let (ready, copied) = get(&missing);
+        assert_eq!(ready.reason, reason::SOURCE_NOT_FOUND);
+        assert_eq!(copied.reason, reason::SOURCE_NOT_FOUND);
+        assert!(
+            copied.message.contains("Secret/creds"),
+            "{}",
+            copied.message
+        );
+
+        let mut disabled = facts(3, 3);
+        disabled.copy_disabled = true;
+        let (ready, copied) = get(&disabled);
+        assert_eq!(ready.status, "True", "gate off does not block readiness");
+        assert_eq!(copied.reason, reason::COPY_FEATURE_DISABLED);
+        assert!(copied.message.contains("ignored"));
+
+        let mut invalid = facts(0, 0);
+        invalid.targeting_error = Some("targets[0]: bad".into());
+        assert_eq!(get(&invalid).0.reason, reason::INVALID_SELECTOR);
+
+        let mut paused = facts(2, 1);
+        paused.paused = true;
+        assert_eq!(get(&paused).0.reason, reason::PAUSED);
+
+        let (ready, copied) = get(&facts(2, 1));
+        assert_eq!(ready.reason, reason::WAIT_APPLIED);
+        assert_eq!(copied.reason, reason::NO_RESOURCES_TO_COPY);
+    }
+}

@@ -1,0 +1,283 @@
+//! tender's hub: registers clusters, resolves Bundle targets, writes one BundleDeployment per
+//! targeted cluster into that cluster's namespace, copies referenced Secrets/ConfigMaps next to
+//! it and keeps those copies current by watch.
+//!
+//! [`run`] is the whole hub; `main.rs` only parses flags. Tests run several hubs in one process,
+//! each scoped to its own workspace namespaces ([`HubConfig::workspace_namespaces`]).
+//!
+//! Controllers (one module each, with a pure planning function next to the reconciler):
+//! - [`cluster`]: cluster namespace, agent identity and RBAC, cleanup on deletion, status.
+//! - [`group`]: ClusterGroup counts.
+//! - [`bundle`]: targeting, BundleDeployments, copies, Bundle status.
+//! - [`sources`]: the index from source Secrets/ConfigMaps to the Bundles that copy them.
+
+#![warn(missing_docs)]
+
+pub mod bundle;
+pub mod cluster;
+mod context;
+pub mod group;
+pub mod sources;
+mod watch;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::{
+    counter::Counter,
+    family::Family,
+    histogram::{Histogram, exponential_buckets},
+};
+use prometheus_client::registry::Unit;
+use tender_runtime::{Health, LeaderElection, Metrics};
+
+/// How long after the agent's last heartbeat a Cluster is reported offline, by default.
+pub const DEFAULT_AGENT_OFFLINE_AFTER: Duration = Duration::from_secs(90);
+
+/// What one hub instance does.
+#[derive(Debug, Clone)]
+pub struct HubConfig {
+    /// Copy `downstreamResources` (the `EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM` gate, read by
+    /// the binary through `tender_types::gate`).
+    pub copy_resources_downstream: bool,
+    /// Workspace namespaces to serve; empty means every namespace.
+    pub workspace_namespaces: Vec<String>,
+    /// Run controllers only while holding this Lease; `None` runs them unconditionally.
+    pub leader_election: Option<LeaderConfig>,
+    /// A Cluster whose agent has not renewed its heartbeat for this long is `AgentOffline`.
+    pub agent_offline_after: Duration,
+    /// Reporting instance on Kubernetes Events (the pod name).
+    pub instance: String,
+}
+
+impl Default for HubConfig {
+    fn default() -> Self {
+        Self {
+            copy_resources_downstream: false,
+            workspace_namespaces: Vec::new(),
+            leader_election: None,
+            agent_offline_after: DEFAULT_AGENT_OFFLINE_AFTER,
+            instance: "tender-hub".to_string(),
+        }
+    }
+}
+
+/// The Lease a hub instance competes for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderConfig {
+    /// Namespace of the Lease.
+    pub namespace: String,
+    /// Name of the Lease (one per independent hub instance).
+    pub lease_name: String,
+    /// This replica's identity (the pod name).
+    pub identity: String,
+}
+
+/// Labels of the per-kind status write counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    /// `Bundle`, `Cluster` or `ClusterGroup`.
+    pub kind: String,
+}
+
+/// The hub's own metric families (the shared ones live in [`tender_runtime::Metrics`]).
+#[derive(Clone, Debug)]
+pub struct HubMetrics {
+    /// Copies of sources written into cluster namespaces.
+    pub copies_written: Counter,
+    /// Copies left alone because their content hash was already current.
+    pub copies_skipped: Counter,
+    /// Copies deleted because they are no longer referenced.
+    pub copies_deleted: Counter,
+    /// BundleDeployments created or updated.
+    pub bundle_deployments_written: Counter,
+    /// BundleDeployments left alone because their spec was already current.
+    pub bundle_deployments_skipped: Counter,
+    /// BundleDeployments deleted because their cluster is no longer targeted.
+    pub bundle_deployments_deleted: Counter,
+    /// Status subresource writes, by kind.
+    pub status_writes: Family<KindLabels, Counter>,
+    /// Time a Bundle reconcile spent writing BundleDeployments and copies, when it wrote any.
+    pub fanout_duration: Histogram,
+}
+
+impl HubMetrics {
+    /// Creates the families and registers them into `metrics` (call before wrapping it in `Arc`).
+    pub fn register(metrics: &mut Metrics) -> Self {
+        let this = Self {
+            copies_written: Counter::default(),
+            copies_skipped: Counter::default(),
+            copies_deleted: Counter::default(),
+            bundle_deployments_written: Counter::default(),
+            bundle_deployments_skipped: Counter::default(),
+            bundle_deployments_deleted: Counter::default(),
+            status_writes: Family::default(),
+            fanout_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+        };
+        let r = metrics
+            .registry_mut()
+            .sub_registry_with_prefix("tender_hub");
+        r.register(
+            "copies_written",
+            "Copies of Secrets/ConfigMaps written into cluster namespaces",
+            this.copies_written.clone(),
+        );
+        r.register(
+            "copies_skipped",
+            "Copies not written because their content hash was unchanged",
+            this.copies_skipped.clone(),
+        );
+        r.register(
+            "copies_deleted",
+            "Copies deleted because no BundleDeployment references them any more",
+            this.copies_deleted.clone(),
+        );
+        r.register(
+            "bundle_deployments_written",
+            "BundleDeployments created or updated",
+            this.bundle_deployments_written.clone(),
+        );
+        r.register(
+            "bundle_deployments_skipped",
+            "BundleDeployments not written because their spec was unchanged",
+            this.bundle_deployments_skipped.clone(),
+        );
+        r.register(
+            "bundle_deployments_deleted",
+            "BundleDeployments deleted because their cluster is no longer targeted",
+            this.bundle_deployments_deleted.clone(),
+        );
+        r.register(
+            "status_writes",
+            "Status subresource writes, by kind",
+            this.status_writes.clone(),
+        );
+        r.register_with_unit(
+            "fanout_duration",
+            "Time one Bundle reconcile spent writing BundleDeployments and copies",
+            Unit::Seconds,
+            this.fanout_duration.clone(),
+        );
+        this
+    }
+}
+
+/// Why the hub or one reconciliation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An apiserver request failed.
+    #[error("cannot {action}: {source}")]
+    Kube {
+        /// What was being done, naming the object.
+        action: String,
+        /// The apiserver's answer.
+        #[source]
+        source: kube::Error,
+    },
+    /// Adding or removing a finalizer failed, or the reconcile inside it did.
+    #[error("{object}: {source}")]
+    Finalizer {
+        /// The object, as `Kind namespace/name`.
+        object: String,
+        /// What failed.
+        #[source]
+        source: Box<kube::runtime::finalizer::Error<Error>>,
+    },
+    /// A cache never synced (the watch kept failing).
+    #[error("cache of {0} did not sync: its watch was dropped")]
+    CacheSync(&'static str),
+}
+
+impl Error {
+    /// Stable CamelCase reason for `reconcile_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube { source, .. } => kube_reason(source),
+            Error::Finalizer { source, .. } => match source.as_ref() {
+                kube::runtime::finalizer::Error::ApplyFailed(e)
+                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.reason(),
+                _ => "FinalizerFailed",
+            },
+            Error::CacheSync(_) => "CacheSync",
+        }
+    }
+}
+
+fn kube_reason(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Api(s) if s.code == 409 => "Conflict",
+        kube::Error::Api(s) if s.code == 403 => "Forbidden",
+        kube::Error::Api(s) if s.code == 404 => "NotFound",
+        kube::Error::Api(s) if s.code == 422 => "Invalid",
+        kube::Error::Api(_) => "ApiError",
+        _ => "RequestFailed",
+    }
+}
+
+/// Maps a kube error into [`Error::Kube`] describing `action`.
+pub(crate) fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    move |source| Error::Kube {
+        action: action.into(),
+        source,
+    }
+}
+
+/// Runs the hub until `shutdown` resolves (or a controller stops).
+///
+/// With [`HubConfig::leader_election`], controllers run only while this instance holds the
+/// Lease; caches are built when leadership is gained. `health` turns ready once caches have
+/// synced (a standby replica is ready too: it is healthy and waiting).
+pub async fn run(
+    client: kube::Client,
+    config: HubConfig,
+    metrics: Arc<Metrics>,
+    hub_metrics: HubMetrics,
+    health: Health,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), Error> {
+    let config = Arc::new(config);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let Some(leader) = config.leader_election.clone() else {
+        tokio::select! {
+            result = watch::run_controllers(client, config, metrics, hub_metrics, health) => return result,
+            () = &mut shutdown => return Ok(()),
+        }
+    };
+
+    let election = LeaderElection::start(
+        client.clone(),
+        &leader.namespace,
+        &leader.lease_name,
+        &leader.identity,
+    );
+    let mut is_leader = election.subscribe();
+    health.set_ready(true);
+    let result = loop {
+        tokio::select! {
+            () = &mut shutdown => break Ok(()),
+            gained = async { is_leader.wait_for(|leading| *leading).await.is_ok() } => if !gained { break Ok(()) },
+        }
+        tracing::info!(lease = %leader.lease_name, "leading: starting controllers");
+        health.set_ready(false);
+        let controllers = watch::run_controllers(
+            client.clone(),
+            config.clone(),
+            metrics.clone(),
+            hub_metrics.clone(),
+            health.clone(),
+        );
+        tokio::select! {
+            () = &mut shutdown => break Ok(()),
+            lost = async { is_leader.wait_for(|leading| !*leading).await.is_ok() } => {
+                if !lost { break Ok(()) }
+                tracing::warn!(lease = %leader.lease_name, "lost leadership: stopping controllers");
+                health.set_ready(true);
+            }
+            result = controllers => break result,
+        }
+    };
+    election.release().await;
+    result
+}

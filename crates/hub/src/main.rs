@@ -1,0 +1,102 @@
+//! `tender-hub`: parses flags and runs [`tender_hub::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use tender_hub::{HubConfig, HubMetrics, LeaderConfig};
+use tender_runtime::{Health, LogFormat, Metrics};
+
+/// tender's hub: resolves Bundle targets, writes BundleDeployments into cluster namespaces and
+/// copies referenced Secrets/ConfigMaps next to them.
+#[derive(Debug, Parser)]
+#[command(name = "tender-hub", version)]
+struct Args {
+    /// Kubeconfig of the hub cluster; default: in-cluster service account, then $KUBECONFIG.
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// Address of the /metrics, /healthz and /readyz server.
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Log filter (RUST_LOG wins when set).
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    log_level: String,
+    /// Workspace namespace to serve (repeatable, or comma-separated); none means all namespaces.
+    #[arg(
+        long = "workspace-namespace",
+        env = "WORKSPACE_NAMESPACES",
+        value_delimiter = ','
+    )]
+    workspace_namespaces: Vec<String>,
+    /// Run controllers only while holding the leader Lease.
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = false)]
+    leader_election: bool,
+    /// Namespace of the leader Lease (defaults to the pod's namespace, else tender-system).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "tender-system")]
+    lease_namespace: String,
+    /// Name of the leader Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = "tender-hub")]
+    lease_name: String,
+    /// This replica's identity in the Lease and on Events.
+    #[arg(long, env = "POD_NAME", default_value = "tender-hub")]
+    pod_name: String,
+    /// Seconds without an agent heartbeat before a Cluster is reported offline.
+    #[arg(long, env = "AGENT_OFFLINE_AFTER_SECONDS", default_value_t = 90)]
+    agent_offline_after_seconds: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tender_runtime::telemetry::init(args.log_format, &args.log_level)?;
+
+    // The gate is read in exactly one place (tender_types::gate); an invalid value is reported once.
+    let copy = tender_types::gate::copy_resources_enabled().unwrap_or_else(|error| {
+        tracing::warn!(%error, "feature gate");
+        false
+    });
+    tracing::info!(
+        copy_resources_downstream = copy,
+        workspaces = ?args.workspace_namespaces,
+        leader_election = args.leader_election,
+        "starting tender-hub"
+    );
+
+    let mut metrics = Metrics::new();
+    let hub_metrics = HubMetrics::register(&mut metrics);
+    let metrics = Arc::new(metrics);
+    let health = Health::new();
+    let user_agent = format!("tender-hub/{}", env!("CARGO_PKG_VERSION"));
+    let client = tender_runtime::client(
+        args.kubeconfig.as_deref(),
+        Some(metrics.clone()),
+        &user_agent,
+    )
+    .await
+    .context("building the hub's Kubernetes client")?;
+
+    let config = HubConfig {
+        copy_resources_downstream: copy,
+        workspace_namespaces: args.workspace_namespaces,
+        leader_election: args.leader_election.then(|| LeaderConfig {
+            namespace: args.lease_namespace,
+            lease_name: args.lease_name,
+            identity: args.pod_name.clone(),
+        }),
+        agent_offline_after: std::time::Duration::from_secs(args.agent_offline_after_seconds),
+        instance: args.pod_name,
+    };
+    let server = tender_runtime::serve(args.metrics_addr, metrics.clone(), health.clone());
+    tokio::select! {
+        result = server => result.context("metrics and health server")?,
+        result = tender_hub::run(client, config, metrics, hub_metrics, health, tender_runtime::shutdown_signal()) => {
+            result.context("hub controllers")?
+        }
+    }
+    Ok(())
+}

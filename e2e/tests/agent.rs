@@ -1,0 +1,918 @@
+//! The agent end to end: a real hub (in-process tender-hub) and two real downstream clusters,
+//! agents running in-process with their narrow hub identities.
+//!
+//! Every test has its own workspace namespace, its own hub instance scoped to it and its own
+//! Cluster registrations, so tests run in parallel on one shared environment.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tender_e2e::agent_harness::{AgentHandle, start_agent};
+use tender_e2e::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
+use tender_e2e::{HUB, TestEnv, downstream_name, eventually, shared_env, unique_name};
+use tender_types::bundle_deployment::object_state;
+use tender_types::conditions::{TYPE_READY, find_condition, is_true};
+use tender_types::{BundleDeployment, Cluster, labels, names};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// Arrange: a workspace with its own hub, clusters and agents.
+
+/// One test's world: a workspace namespace on the hub, served by its own hub instance.
+struct Workspace {
+    env: &'static TestEnv,
+    hub: kube::Client,
+    ns: String,
+    _hub: HubHandle,
+}
+
+impl Workspace {
+    async fn new(prefix: &str) -> Self {
+        let env = shared_env(2).await;
+        let hub = env.client(HUB).await.unwrap();
+        tender_e2e::crds::install_crds(&hub).await.unwrap();
+        let ns = unique_name(prefix);
+        create_namespace(&hub, &ns).await;
+        let hub_handle = start_hub(env, hub_config(&ns)).await.unwrap();
+        Self {
+            env,
+            hub,
+            ns,
+            _hub: hub_handle,
+        }
+    }
+
+    /// Registers Cluster `name` and waits for its namespace and agent token; returns the
+    /// agent's hub kubeconfig and a default agent configuration.
+    async fn register(&self, name: &str) -> (String, tender_agent::AgentConfig) {
+        let clusters: Api<Cluster> = Api::namespaced(self.hub.clone(), &self.ns);
+        let cluster: Cluster = serde_json::from_value(json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": name, "labels": {"env": "test"}},
+            "spec": {}
+        }))
+        .unwrap();
+        clusters
+            .create(&PostParams::default(), &cluster)
+            .await
+            .unwrap();
+        let kubeconfig = agent_kubeconfig(self.env, &self.hub, &self.ns, name)
+            .await
+            .unwrap();
+        let mut config = tender_agent::AgentConfig::new(&self.ns, name);
+        config.heartbeat_interval = Duration::from_secs(2);
+        config.cluster_status_interval = Duration::from_secs(300);
+        (kubeconfig, config)
+    }
+
+    /// Registers `cluster` and starts its agent against `downstream`.
+    async fn agent(&self, cluster: &str, downstream: &str) -> Agent {
+        let (kubeconfig, config) = self.register(cluster).await;
+        let handle = start_agent(self.env, &kubeconfig, downstream, config.clone())
+            .await
+            .unwrap();
+        Agent {
+            kubeconfig,
+            config,
+            downstream: downstream.to_string(),
+            handle: Some(handle),
+        }
+    }
+
+    async fn source_secret(&self, name: &str, data: &[(&str, &str)], immutable: bool) {
+        let secrets: Api<Secret> = Api::namespaced(self.hub.clone(), &self.ns);
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([("team".into(), "payments".into())])),
+                annotations: Some(BTreeMap::from([("owner".into(), "dba".into())])),
+                ..Default::default()
+            },
+            type_: Some("Opaque".into()),
+            data: Some(bytes(data)),
+            immutable: immutable.then_some(true),
+            ..Default::default()
+        };
+        secrets
+            .patch(
+                name,
+                &PatchParams::apply("e2e").force(),
+                &Patch::Apply(&secret),
+            )
+            .await
+            .unwrap();
+    }
+
+    async fn source_config_map(&self, name: &str, data: &[(&str, &str)]) {
+        let cms: Api<ConfigMap> = Api::namespaced(self.hub.clone(), &self.ns);
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..Default::default()
+        };
+        cms.patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
+            .await
+            .unwrap();
+    }
+
+    /// Creates or replaces Bundle `name` with `spec`.
+    async fn bundle(&self, name: &str, spec: Value) {
+        let api: Api<tender_types::Bundle> = Api::namespaced(self.hub.clone(), &self.ns);
+        let body = json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
+            "metadata": {"name": name}, "spec": spec
+        });
+        api.patch(
+            name,
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(body),
+        )
+        .await
+        .unwrap();
+    }
+
+    async fn delete_bundle(&self, name: &str) {
+        let api: Api<tender_types::Bundle> = Api::namespaced(self.hub.clone(), &self.ns);
+        api.delete(name, &DeleteParams::default()).await.unwrap();
+    }
+
+    fn bds(&self, cluster: &str) -> Api<BundleDeployment> {
+        Api::namespaced(
+            self.hub.clone(),
+            &names::cluster_namespace(&self.ns, cluster),
+        )
+    }
+
+    /// Waits until the BundleDeployment of `bundle` on `cluster` is Ready with its current
+    /// deploymentID applied.
+    async fn ready(&self, cluster: &str, bundle: &str) -> BundleDeployment {
+        let api = self.bds(cluster);
+        eventually(
+            &format!("BundleDeployment {bundle} of {cluster} Ready"),
+            WAIT,
+            || async {
+                let bd = api.get_opt(bundle).await?;
+                Ok::<_, kube::Error>(bd.filter(|bd| {
+                    bd.status.as_ref().is_some_and(|s| {
+                        s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                            && is_true(&s.conditions, TYPE_READY)
+                    })
+                }))
+            },
+        )
+        .await
+    }
+
+    async fn downstream(&self, cluster: &str) -> kube::Client {
+        self.env.client(cluster).await.unwrap()
+    }
+}
+
+/// A registered cluster with its (maybe stopped) agent.
+struct Agent {
+    kubeconfig: String,
+    config: tender_agent::AgentConfig,
+    downstream: String,
+    handle: Option<AgentHandle>,
+}
+
+impl Agent {
+    async fn kill(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.kill().await;
+        }
+    }
+
+    async fn restart(&mut self, env: &TestEnv) {
+        self.kill().await;
+        self.handle = Some(
+            start_agent(env, &self.kubeconfig, &self.downstream, self.config.clone())
+                .await
+                .unwrap(),
+        );
+    }
+
+    fn handle(&self) -> &AgentHandle {
+        self.handle.as_ref().expect("agent running")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            drop(tokio::spawn(h.kill()));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers.
+
+fn bytes(data: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
+    data.iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+        .collect()
+}
+
+async fn create_namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating namespace {name}: {e}"),
+    }
+}
+
+fn secret_value(s: &Secret, key: &str) -> Option<String> {
+    String::from_utf8(s.data.as_ref()?.get(key)?.0.clone()).ok()
+}
+
+/// Waits until `check` holds for Secret `ns/name` in `client`'s cluster.
+async fn wait_secret(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Secret) -> bool,
+) -> Secret {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    eventually(what, WAIT, || async {
+        Ok::<_, kube::Error>(api.get_opt(name).await?.filter(|s| check(s)))
+    })
+    .await
+}
+
+async fn wait_gone<K>(api: &Api<K>, name: &str, what: &str)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually(what, WAIT, || async {
+        Ok::<_, kube::Error>(api.get_opt(name).await?.is_none().then_some(()))
+    })
+    .await
+}
+
+fn rv(meta: &ObjectMeta) -> u64 {
+    meta.resource_version
+        .as_deref()
+        .unwrap_or("0")
+        .parse()
+        .unwrap()
+}
+
+fn has_tender_metadata(meta: &ObjectMeta) -> bool {
+    let tender = |m: &Option<BTreeMap<String, String>>| {
+        m.iter()
+            .flatten()
+            .any(|(k, _)| labels::is_tender_key(k) || k == labels::MANAGED_BY)
+    };
+    tender(&meta.labels) || tender(&meta.annotations)
+}
+
+/// The mission's bundle: a Secret and a ConfigMap copied, and a manifest that uses them.
+fn app_bundle(clusters: &[&str], target_ns: &str, keep: bool) -> Value {
+    json!({
+        "targets": clusters.iter().map(|c| json!({"clusterName": c})).collect::<Vec<_>>(),
+        "defaultNamespace": target_ns,
+        "downstreamResources": [
+            {"kind": "Secret", "name": "db-creds"},
+            {"kind": "ConfigMap", "name": "app-config"}
+        ],
+        "resources": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "app-settings"},
+            "data": {"secretRef": "db-creds", "configRef": "app-config"}
+        }],
+        "keepResources": keep,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scenarios.
+
+#[tokio::test]
+async fn copies_land_before_manifests_rotate_by_watch_and_go_with_the_bundle() {
+    let ws = Workspace::new("agent-flow").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    let west = ws.agent("west", &downstream_name(2)).await;
+    ws.source_secret("db-creds", &[("password", "one")], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("apps");
+    ws.bundle("app", app_bundle(&["east", "west"], &target, false))
+        .await;
+
+    for (cluster, agent) in [("east", &east), ("west", &west)] {
+        ws.ready(cluster, "app").await;
+        let down = ws.downstream(&agent.downstream).await;
+        let secret = Api::<Secret>::namespaced(down.clone(), &target)
+            .get("db-creds")
+            .await
+            .unwrap();
+        let config = Api::<ConfigMap>::namespaced(down.clone(), &target)
+            .get("app-config")
+            .await
+            .unwrap();
+        let manifest = Api::<ConfigMap>::namespaced(down.clone(), &target)
+            .get("app-settings")
+            .await
+            .unwrap();
+        assert_eq!(secret_value(&secret, "password").as_deref(), Some("one"));
+        assert_eq!(secret.type_.as_deref(), Some("Opaque"));
+        assert_eq!(
+            secret.metadata.labels.as_ref().unwrap()["team"],
+            "payments",
+            "source labels travel"
+        );
+        assert_eq!(
+            secret.metadata.annotations.as_ref().unwrap()["owner"],
+            "dba"
+        );
+        assert_eq!(
+            secret.metadata.annotations.as_ref().unwrap()[labels::OWNER_ANNOTATION],
+            labels::bundle_deployment_owner(&names::cluster_namespace(&ws.ns, cluster), "app")
+        );
+        assert_eq!(config.data.as_ref().unwrap()["mode"], "blue");
+        // Copy before deploy: both copies were created (etcd revision) before the manifest.
+        assert!(
+            rv(&secret.metadata) < rv(&manifest.metadata)
+                && rv(&config.metadata) < rv(&manifest.metadata),
+            "{cluster}: copies (rv {} / {}) must predate the manifest (rv {})",
+            rv(&secret.metadata),
+            rv(&config.metadata),
+            rv(&manifest.metadata)
+        );
+        assert!(secret.metadata.creation_timestamp <= manifest.metadata.creation_timestamp);
+    }
+
+    // Rotation: only the source changes; both clusters get it by watch.
+    let started = Instant::now();
+    ws.source_secret("db-creds", &[("password", "two")], false)
+        .await;
+    for agent in [&east, &west] {
+        let down = ws.downstream(&agent.downstream).await;
+        wait_secret(
+            &down,
+            &target,
+            "db-creds",
+            "rotated secret downstream",
+            |s| secret_value(s, "password").as_deref() == Some("two"),
+        )
+        .await;
+    }
+    eprintln!(
+        "rotation reached both downstream clusters in {:?}",
+        started.elapsed()
+    );
+
+    // Heartbeat: Lease in the cluster namespace, agent fields on the Cluster.
+    let lease: Api<Lease> =
+        Api::namespaced(ws.hub.clone(), &names::cluster_namespace(&ws.ns, "east"));
+    assert!(
+        lease
+            .get(names::AGENT_LEASE)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .renew_time
+            .is_some()
+    );
+    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    let agent_status = eventually("Cluster status.agent", WAIT, || async {
+        Ok::<_, kube::Error>(clusters.get("east").await?.status.and_then(|s| s.agent))
+    })
+    .await;
+    assert_eq!(agent_status.version.as_deref(), Some(tender_agent::VERSION));
+
+    // Idle means idle: apart from the heartbeat, no writes at all.
+    ws.ready("east", "app").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = east.handle().non_heartbeat_writes();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        east.handle().non_heartbeat_writes(),
+        before,
+        "agent wrote while idle"
+    );
+    eprintln!(
+        "idle 10s: {} non-heartbeat writes, {} total writes so far",
+        east.handle().non_heartbeat_writes() - before,
+        east.handle().write_requests()
+    );
+
+    // Deleting the Bundle removes everything downstream (keepResources false).
+    ws.delete_bundle("app").await;
+    for agent in [&east, &west] {
+        let down = ws.downstream(&agent.downstream).await;
+        for name in ["app-config", "app-settings"] {
+            wait_gone(
+                &Api::<ConfigMap>::namespaced(down.clone(), &target),
+                name,
+                name,
+            )
+            .await;
+        }
+        wait_gone(
+            &Api::<Secret>::namespaced(down.clone(), &target),
+            "db-creds",
+            "secret copy",
+        )
+        .await;
+    }
+    wait_gone(
+        &ws.bds("east"),
+        "app",
+        "BundleDeployment gone after the finalizer",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn keep_resources_leaves_objects_without_tender_metadata() {
+    let ws = Workspace::new("agent-keep").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    ws.source_secret("db-creds", &[("password", "one")], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("kept");
+    ws.bundle("app", app_bundle(&["east"], &target, true)).await;
+    ws.ready("east", "app").await;
+    ws.delete_bundle("app").await;
+    wait_gone(&ws.bds("east"), "app", "BundleDeployment gone").await;
+    let down = ws.downstream(&east.downstream).await;
+    let secret = Api::<Secret>::namespaced(down.clone(), &target)
+        .get("db-creds")
+        .await
+        .unwrap();
+    assert!(
+        !has_tender_metadata(&secret.metadata),
+        "{:?}",
+        secret.metadata
+    );
+    assert_eq!(
+        secret.metadata.labels.as_ref().unwrap()["team"],
+        "payments",
+        "own labels stay"
+    );
+    assert_eq!(secret_value(&secret, "password").as_deref(), Some("one"));
+    for name in ["app-config", "app-settings"] {
+        let cm = Api::<ConfigMap>::namespaced(down.clone(), &target)
+            .get(name)
+            .await
+            .unwrap();
+        assert!(
+            !has_tender_metadata(&cm.metadata),
+            "{name}: {:?}",
+            cm.metadata
+        );
+    }
+}
+
+#[tokio::test]
+async fn unmanaged_secret_is_never_touched_and_reported_as_conflict() {
+    let ws = Workspace::new("agent-conflict").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    let target = unique_name("theirs");
+    let down = ws.downstream(&east.downstream).await;
+    create_namespace(&down, &target).await;
+    let theirs: Api<Secret> = Api::namespaced(down.clone(), &target);
+    let original = theirs
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("db-creds".into()),
+                    labels: Some(BTreeMap::from([("owner".into(), "someone-else".into())])),
+                    ..Default::default()
+                },
+                data: Some(bytes(&[("password", "theirs")])),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    ws.source_secret("db-creds", &[("password", "ours")], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    ws.bundle("app", app_bundle(&["east"], &target, false))
+        .await;
+
+    let bd = eventually("a Conflict reported for db-creds", WAIT, || async {
+        let bd = ws.bds("east").get_opt("app").await?;
+        Ok::<_, kube::Error>(bd.filter(|bd| {
+            bd.status.as_ref().is_some_and(|s| {
+                s.resources
+                    .iter()
+                    .any(|r| r.name == "db-creds" && r.state == object_state::CONFLICT)
+            })
+        }))
+    })
+    .await;
+    let status = bd.status.unwrap();
+    assert!(!is_true(&status.conditions, TYPE_READY));
+    assert_eq!(
+        find_condition(
+            &status.conditions,
+            tender_types::conditions::TYPE_RESOURCES_COPIED
+        )
+        .unwrap()
+        .reason,
+        tender_types::conditions::reason::CONFLICT
+    );
+    // Copy before deploy: the manifest is held back while a copy is not in place.
+    assert!(
+        Api::<ConfigMap>::namespaced(down.clone(), &target)
+            .get_opt("app-settings")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let now = theirs.get("db-creds").await.unwrap();
+    assert_eq!(
+        now.metadata.resource_version, original.metadata.resource_version,
+        "byte-for-byte unchanged"
+    );
+    assert_eq!(now.data, original.data);
+    assert_eq!(now.metadata.labels, original.metadata.labels);
+    assert_eq!(now.metadata.annotations, original.metadata.annotations);
+
+    // Deleting the Bundle does not delete their Secret either.
+    ws.delete_bundle("app").await;
+    wait_gone(&ws.bds("east"), "app", "BundleDeployment gone").await;
+    let after = theirs.get("db-creds").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        original.metadata.resource_version
+    );
+}
+
+#[tokio::test]
+async fn immutable_secret_rotates_by_recreate() {
+    let ws = Workspace::new("agent-immutable").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    ws.source_secret("db-creds", &[("password", "v1")], true)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("imm");
+    ws.bundle("app", app_bundle(&["east"], &target, false))
+        .await;
+    ws.ready("east", "app").await;
+    let down = ws.downstream(&east.downstream).await;
+    let first = Api::<Secret>::namespaced(down.clone(), &target)
+        .get("db-creds")
+        .await
+        .unwrap();
+    assert_eq!(first.immutable, Some(true));
+
+    // An immutable source rotates by being replaced.
+    let sources: Api<Secret> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    sources
+        .delete("db-creds", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&sources, "db-creds", "source deleted").await;
+    ws.source_secret("db-creds", &[("password", "v2")], true)
+        .await;
+    let second = wait_secret(
+        &down,
+        &target,
+        "db-creds",
+        "immutable secret rotated downstream",
+        |s| secret_value(s, "password").as_deref() == Some("v2"),
+    )
+    .await;
+    assert_ne!(
+        second.metadata.uid, first.metadata.uid,
+        "recreated, not updated"
+    );
+    assert_eq!(second.immutable, Some(true));
+    assert!(east.handle().metrics.writes_of("recreate", "Secret") >= 1);
+}
+
+#[tokio::test]
+async fn drift_is_corrected_or_reported() {
+    let ws = Workspace::new("agent-drift").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    ws.source_secret("db-creds", &[("password", "one")], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("drift");
+    ws.bundle("app", app_bundle(&["east"], &target, false))
+        .await;
+    ws.ready("east", "app").await;
+    let down = ws.downstream(&east.downstream).await;
+    let secrets: Api<Secret> = Api::namespaced(down.clone(), &target);
+    let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &target);
+
+    // A deleted copy comes back.
+    let started = Instant::now();
+    secrets
+        .delete("db-creds", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_secret(&down, &target, "db-creds", "deleted copy restored", |s| {
+        secret_value(s, "password").as_deref() == Some("one")
+    })
+    .await;
+    eprintln!("deleted copy restored in {:?}", started.elapsed());
+
+    // An edited copy is put back, including a key someone added.
+    secrets
+        .patch(
+            "db-creds",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"password": "aGFja2Vk", "extra": "eA=="}})),
+        )
+        .await
+        .unwrap();
+    wait_secret(&down, &target, "db-creds", "edited copy restored", |s| {
+        secret_value(s, "password").as_deref() == Some("one")
+            && !s.data.as_ref().unwrap().contains_key("extra")
+    })
+    .await;
+    // An edited manifest object is put back, and the correction shows in status.
+    cms.patch(
+        "app-settings",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"secretRef": "changed"}})),
+    )
+    .await
+    .unwrap();
+    eventually("edited manifest restored", WAIT, || async {
+        let cm = cms.get("app-settings").await?;
+        Ok::<_, kube::Error>((cm.data.unwrap()["secretRef"] == "db-creds").then_some(()))
+    })
+    .await;
+    eventually("drift correction visible in status", WAIT, || async {
+        let bd = ws.bds("east").get("app").await?;
+        let deployed = bd.status.and_then(|s| {
+            find_condition(&s.conditions, tender_types::conditions::TYPE_DEPLOYED).cloned()
+        });
+        Ok::<_, kube::Error>(
+            deployed.filter(|c| c.message.contains("restored after downstream drift")),
+        )
+    })
+    .await;
+    assert!(east.handle().metrics.drift_corrected() >= 3);
+
+    // With correctDrift off the change is reported, not corrected.
+    let mut spec = app_bundle(&["east"], &target, false);
+    spec["correctDrift"] = json!({"enabled": false});
+    ws.bundle("app", spec).await;
+    eventually(
+        "BundleDeployment with correctDrift off applied",
+        WAIT,
+        || async {
+            let bd = ws.bds("east").get("app").await?;
+            Ok::<_, kube::Error>(
+                (!bd.spec.options.correct_drift
+                    && bd.status.and_then(|s| s.applied_deployment_id)
+                        == Some(bd.spec.deployment_id))
+                .then_some(()),
+            )
+        },
+    )
+    .await;
+    cms.patch(
+        "app-settings",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"secretRef": "changed"}})),
+    )
+    .await
+    .unwrap();
+    eventually("drift reported as modified", WAIT, || async {
+        let bd = ws.bds("east").get("app").await?;
+        Ok::<_, kube::Error>(
+            bd.status
+                .filter(|s| s.modified.iter().any(|m| m.name == "app-settings"))
+                .map(|_| ()),
+        )
+    })
+    .await;
+    assert_eq!(
+        cms.get("app-settings").await.unwrap().data.unwrap()["secretRef"],
+        "changed",
+        "not corrected"
+    );
+}
+
+#[tokio::test]
+async fn agent_killed_mid_apply_converges_after_restart() {
+    let ws = Workspace::new("agent-kill").await;
+    let mut east = ws.agent("east", &downstream_name(1)).await;
+    ws.source_secret("db-creds", &[("password", "one")], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("kill");
+    let mut spec = app_bundle(&["east"], &target, false);
+    spec["resources"] = Value::Array(
+        (0..40)
+            .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("part-{i}")}, "data": {"i": i.to_string()}}))
+            .collect(),
+    );
+    ws.bundle("app", spec).await;
+    let down = ws.downstream(&east.downstream).await;
+    let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &target);
+    // Kill as soon as the agent has started writing.
+    eventually("the agent started applying", WAIT, || async {
+        Ok::<_, kube::Error>(cms.get_opt("app-config").await?.map(|_| ()))
+    })
+    .await;
+    east.kill().await;
+    let partial = cms.list(&Default::default()).await.unwrap().items.len();
+    eprintln!("killed with {partial} ConfigMaps in place");
+    east.restart(ws.env).await;
+    ws.ready("east", "app").await;
+    let all = cms.list(&Default::default()).await.unwrap().items.len();
+    assert_eq!(all, 40 + 1 + 1, "40 parts, the copy and kube-root-ca.crt");
+
+    // A change while the agent is down is picked up after restart, stale objects pruned.
+    east.kill().await;
+    let mut smaller = app_bundle(&["east"], &target, false);
+    smaller["resources"] = json!([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "part-0"}, "data": {"i": "zero"}}]);
+    ws.bundle("app", smaller).await;
+    east.restart(ws.env).await;
+    ws.ready("east", "app").await;
+    wait_gone(&cms, "part-39", "pruned manifest").await;
+    assert_eq!(cms.get("part-0").await.unwrap().data.unwrap()["i"], "zero");
+}
+
+#[tokio::test]
+async fn two_registrations_on_one_downstream_stay_apart() {
+    let ws = Workspace::new("agent-shared").await;
+    let mut a = ws.agent("blue", &downstream_name(2)).await;
+    let b = ws.agent("green", &downstream_name(2)).await;
+    ws.source_secret("db-creds", &[("password", "one")], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let ns_a = unique_name("blue");
+    let ns_b = unique_name("green");
+    ws.bundle("app-a", app_bundle(&["blue"], &ns_a, false))
+        .await;
+    ws.bundle("app-b", app_bundle(&["green"], &ns_b, false))
+        .await;
+    ws.ready("blue", "app-a").await;
+    ws.ready("green", "app-b").await;
+
+    // Restarting one agent (start-up sweep) leaves the other's objects alone.
+    a.restart(ws.env).await;
+    ws.ready("blue", "app-a").await;
+    let down = ws.downstream(&b.downstream).await;
+    let theirs = Api::<Secret>::namespaced(down.clone(), &ns_b)
+        .get("db-creds")
+        .await
+        .unwrap();
+
+    // Deleting one cluster's bundle removes only its objects.
+    ws.delete_bundle("app-a").await;
+    wait_gone(
+        &Api::<Secret>::namespaced(down.clone(), &ns_a),
+        "db-creds",
+        "blue's copy",
+    )
+    .await;
+    let still = Api::<Secret>::namespaced(down.clone(), &ns_b)
+        .get("db-creds")
+        .await
+        .unwrap();
+    assert_eq!(still.metadata.uid, theirs.metadata.uid);
+    assert!(has_tender_metadata(&still.metadata));
+}
+
+#[tokio::test]
+async fn hub_as_its_own_downstream_copies_namespace_to_namespace() {
+    let ws = Workspace::new("agent-self").await;
+    let _local = ws.agent("local", HUB).await;
+    ws.source_secret("db-creds", &[("password", "local")], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("self-target");
+    ws.bundle("app", app_bundle(&["local"], &target, false))
+        .await;
+    ws.ready("local", "app").await;
+    // The hub's workspace namespace holds the source; the target namespace on the hub the copy.
+    let copy = Api::<Secret>::namespaced(ws.hub.clone(), &target)
+        .get("db-creds")
+        .await
+        .unwrap();
+    assert_eq!(secret_value(&copy, "password").as_deref(), Some("local"));
+    let source = Api::<Secret>::namespaced(ws.hub.clone(), &ws.ns)
+        .get("db-creds")
+        .await
+        .unwrap();
+    assert!(
+        !source.annotations().contains_key(labels::OWNER_ANNOTATION),
+        "the source itself is never claimed"
+    );
+    ws.source_secret("db-creds", &[("password", "local-2")], false)
+        .await;
+    wait_secret(
+        &ws.hub,
+        &target,
+        "db-creds",
+        "rotation namespace to namespace",
+        |s| secret_value(s, "password").as_deref() == Some("local-2"),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
+    let ws = Workspace::new("agent-sweep").await;
+    let mut east = ws.agent("east", &downstream_name(1)).await;
+    ws.source_secret("db-creds", &[("password", "one")], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let gone_ns = unique_name("sweep-gone");
+    let kept_ns = unique_name("sweep-kept");
+    ws.bundle("gone", app_bundle(&["east"], &gone_ns, false))
+        .await;
+    ws.bundle("kept", app_bundle(&["east"], &kept_ns, true))
+        .await;
+    ws.ready("east", "gone").await;
+    ws.ready("east", "kept").await;
+
+    // While the agent is away both BundleDeployments vanish without its cleanup (an operator
+    // force-removes the finalizer).
+    east.kill().await;
+    for bundle in ["gone", "kept"] {
+        ws.delete_bundle(bundle).await;
+        let bds = ws.bds("east");
+        eventually("BundleDeployment marked for deletion", WAIT, || async {
+            let bd = bds.get_opt(bundle).await?;
+            Ok::<_, kube::Error>(
+                bd.is_none_or(|b| b.metadata.deletion_timestamp.is_some())
+                    .then_some(()),
+            )
+        })
+        .await;
+        let _ = bds
+            .patch(
+                bundle,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await;
+        wait_gone(&bds, bundle, "BundleDeployment gone without the agent").await;
+    }
+    let down = ws.downstream(&east.downstream).await;
+    assert!(
+        Api::<Secret>::namespaced(down.clone(), &gone_ns)
+            .get_opt("db-creds")
+            .await
+            .unwrap()
+            .is_some(),
+        "nothing happens while the agent is away"
+    );
+
+    east.restart(ws.env).await;
+    wait_gone(
+        &Api::<Secret>::namespaced(down.clone(), &gone_ns),
+        "db-creds",
+        "swept copy",
+    )
+    .await;
+    wait_gone(
+        &Api::<ConfigMap>::namespaced(down.clone(), &gone_ns),
+        "app-settings",
+        "swept manifest",
+    )
+    .await;
+    let kept = Api::<Secret>::namespaced(down.clone(), &kept_ns);
+    eventually("kept copy released", WAIT, || async {
+        let s = kept.get("db-creds").await?;
+        Ok::<_, kube::Error>((!has_tender_metadata(&s.metadata)).then_some(()))
+    })
+    .await;
+}
