@@ -34,7 +34,7 @@ struct Args {
     #[arg(long, env = "TENDER_CLUSTER_NAMESPACE")]
     cluster_namespace: Option<String>,
     /// Namespace the agent runs in downstream (holds its inventories).
-    #[arg(long, env = "TENDER_AGENT_NAMESPACE", default_value = "tender-system")]
+    #[arg(long, env = "POD_NAMESPACE", default_value = "tender-system")]
     agent_namespace: String,
     /// Heartbeat Lease renewal interval in seconds.
     #[arg(long, env = "TENDER_HEARTBEAT_SECONDS", default_value_t = 30)]
@@ -52,14 +52,14 @@ struct Args {
     #[arg(long, env = "TENDER_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
     /// Log filter (RUST_LOG wins when set).
-    #[arg(long, env = "TENDER_LOG", default_value = "info")]
-    log: String,
+    #[arg(long, env = "TENDER_LOG_LEVEL", default_value = "info")]
+    log_level: String,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tender_runtime::telemetry::init(args.log_format, &args.log)?;
+    tender_runtime::telemetry::init(args.log_format, &args.log_level)?;
 
     let copy = match tender_types::gate::copy_resources_enabled() {
         Ok(on) => on,

@@ -9,12 +9,9 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
+use tender_types::names::AGENT_TOKEN_SECRET;
 use tender_types::{Cluster, ClusterSpec, labels, names, namespaces};
 
-/// Name of the ServiceAccount the hub creates for each agent in the cluster namespace.
-pub const AGENT_SERVICE_ACCOUNT: &str = "tender-agent";
-/// Name of the long-lived token Secret of that ServiceAccount.
-pub const AGENT_TOKEN_SECRET: &str = "tender-agent-token";
 /// Name of the downstream Secret holding the agent's hub kubeconfig (key `kubeconfig`).
 pub const HUB_KUBECONFIG_SECRET: &str = "tender-agent-hub";
 /// Default agent image.
@@ -222,6 +219,7 @@ pub fn agent_manifests(
                          format!("--workspace-namespace={workspace}"),
                          format!("--cluster-name={cluster}")],
                 "env": [{"name": tender_types::gate::COPY_RESOURCES_ENV, "value": "true"},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
                 "ports": [{"name": "metrics", "containerPort": 8080}],
                 "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"}},

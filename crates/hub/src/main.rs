@@ -15,38 +15,38 @@ use tender_runtime::{Health, LogFormat, Metrics};
 #[command(name = "tender-hub", version)]
 struct Args {
     /// Kubeconfig of the hub cluster; default: in-cluster service account, then $KUBECONFIG.
-    #[arg(long, env = "KUBECONFIG_PATH")]
+    #[arg(long, env = "TENDER_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// Address of the /metrics, /healthz and /readyz server.
-    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "TENDER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
     /// Log format.
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(long, env = "TENDER_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
     /// Log filter (RUST_LOG wins when set).
-    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    #[arg(long, env = "TENDER_LOG_LEVEL", default_value = "info")]
     log_level: String,
     /// Workspace namespace to serve (repeatable, or comma-separated); none means all namespaces.
     #[arg(
         long = "workspace-namespace",
-        env = "WORKSPACE_NAMESPACES",
+        env = "TENDER_WORKSPACE_NAMESPACES",
         value_delimiter = ','
     )]
     workspace_namespaces: Vec<String>,
     /// Run controllers only while holding the leader Lease.
-    #[arg(long, env = "LEADER_ELECTION", default_value_t = false)]
+    #[arg(long, env = "TENDER_LEADER_ELECTION", default_value_t = false)]
     leader_election: bool,
     /// Namespace of the leader Lease (defaults to the pod's namespace, else tender-system).
     #[arg(long, env = "POD_NAMESPACE", default_value = "tender-system")]
     lease_namespace: String,
     /// Name of the leader Lease.
-    #[arg(long, env = "LEASE_NAME", default_value = "tender-hub")]
+    #[arg(long, env = "TENDER_LEASE_NAME", default_value = "tender-hub")]
     lease_name: String,
     /// This replica's identity in the Lease and on Events.
     #[arg(long, env = "POD_NAME", default_value = "tender-hub")]
     pod_name: String,
     /// Seconds without an agent heartbeat before a Cluster is reported offline.
-    #[arg(long, env = "AGENT_OFFLINE_AFTER_SECONDS", default_value_t = 90)]
+    #[arg(long, env = "TENDER_AGENT_OFFLINE_AFTER_SECONDS", default_value_t = 90)]
     agent_offline_after_seconds: u64,
 }
 
