@@ -50,3 +50,4 @@ pub mod agent_harness;
 pub mod crds;
 /// Running tender's hub in-process against the test environment (owned by the hub work).
 pub mod hub_harness;
+pub mod proxy;

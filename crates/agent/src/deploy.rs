@@ -140,24 +140,32 @@ pub(crate) async fn run(
             ctx.drift.ensure(&resource);
         }
     }
-    {
-        let store = store.clone();
+    // Readiness is awaited in the controller's own task, not a spawned one: the store's
+    // readiness signal keeps only the waker of the last poller, and the controller polls it
+    // too (it holds reconciles until the store is ready), so a second task waiting on it is
+    // never woken and the agent never reported ready.
+    let ready = {
         let health = health.clone();
-        background.spawn(async move {
+        async move {
             if store.wait_until_ready().await.is_ok() {
                 health.set_ready(true);
             }
-        });
-    }
+        }
+    };
     tracing::info!(cluster_namespace = %ns, "agent running");
-    controller
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "controller event");
-            }
-        })
-        .await;
+    let mut controller = std::pin::pin!(
+        controller
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|result| async move {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "controller event");
+                }
+            })
+    );
+    tokio::select! {
+        () = &mut controller => {}
+        () = ready => controller.await,
+    }
     health.set_ready(false);
     background.shutdown().await;
     Ok(())

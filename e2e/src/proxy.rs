@@ -1,0 +1,266 @@
+//! A small in-process TCP proxy that a test can cut and restore, to take an apiserver away from
+//! one component (an agent's hub connection, one hub replica) while everything else keeps it.
+//!
+//! The proxy forwards raw TCP, so TLS is end to end: a kubeconfig pointed at the proxy still
+//! validates the apiserver's certificate (its serving certificate has IP SAN 127.0.0.1).
+//! [`TcpProxy::cut`] closes every open connection at once and refuses new ones (the listener
+//! keeps its port, so a restore can never lose it to another process: a connection arriving
+//! while cut is accepted and reset at once, which a client sees as a refused connection).
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Connection counters of a [`TcpProxy`].
+#[derive(Debug, Default)]
+struct Counters {
+    forwarded: AtomicU64,
+    refused: AtomicU64,
+    cut: AtomicU64,
+}
+
+/// A TCP proxy on `127.0.0.1:<port>` forwarding to one upstream address.
+///
+/// Dropping it stops the listener and closes every connection.
+#[derive(Debug)]
+pub struct TcpProxy {
+    addr: SocketAddr,
+    open: watch::Sender<bool>,
+    counters: Arc<Counters>,
+    accept: JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Starts a proxy on a free loopback port forwarding to `upstream`, open.
+    pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (open, _) = watch::channel(true);
+        let counters = Arc::new(Counters::default());
+        let accept = tokio::spawn(accept_loop(
+            listener,
+            upstream,
+            open.clone(),
+            counters.clone(),
+        ));
+        Ok(Self {
+            addr,
+            open,
+            counters,
+            accept,
+        })
+    }
+
+    /// Starts a proxy for the `https://host:port` address of an apiserver.
+    pub async fn for_server(server: &str) -> io::Result<Self> {
+        let hostport = server
+            .strip_prefix("https://")
+            .unwrap_or(server)
+            .trim_end_matches('/');
+        let upstream: SocketAddr = hostport.parse().map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{server} is not https://ip:port: {e}"),
+            )
+        })?;
+        Self::start(upstream).await
+    }
+
+    /// The proxy's own address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `https://127.0.0.1:<port>` of the proxy, to put into a kubeconfig.
+    pub fn server(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Rewrites the `server:` of a kubeconfig that points at `upstream_server` to the proxy.
+    pub fn rewrite_kubeconfig(&self, kubeconfig: &str, upstream_server: &str) -> String {
+        assert!(
+            kubeconfig.contains(&format!("server: {upstream_server}")),
+            "kubeconfig does not point at {upstream_server}"
+        );
+        kubeconfig.replace(
+            &format!("server: {upstream_server}"),
+            &format!("server: {}", self.server()),
+        )
+    }
+
+    /// Closes every open connection now and refuses new ones until [`TcpProxy::restore`].
+    pub fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Accepts and forwards connections again.
+    pub fn restore(&self) {
+        self.open.send_replace(true);
+    }
+
+    /// Whether the proxy forwards right now.
+    pub fn is_open(&self) -> bool {
+        *self.open.borrow()
+    }
+
+    /// Connections forwarded so far.
+    pub fn forwarded(&self) -> u64 {
+        self.counters.forwarded.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused (attempted while cut) so far.
+    pub fn refused(&self) -> u64 {
+        self.counters.refused.load(Ordering::Relaxed)
+    }
+
+    /// Open connections closed by [`TcpProxy::cut`] so far.
+    pub fn cut_connections(&self) -> u64 {
+        self.counters.cut.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        // Wakes every connection task, which closes its sockets.
+        self.open.send_replace(false);
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    upstream: SocketAddr,
+    open: watch::Sender<bool>,
+    counters: Arc<Counters>,
+) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        if !*open.borrow() {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            // RST instead of FIN: the client sees a reset, like a refused connection.
+            reset_on_close(&client);
+            drop(client);
+            continue;
+        }
+        counters.forwarded.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(forward(
+            client,
+            upstream,
+            open.subscribe(),
+            counters.clone(),
+        ));
+    }
+}
+
+async fn forward(
+    client: TcpStream,
+    upstream: SocketAddr,
+    mut open: watch::Receiver<bool>,
+    counters: Arc<Counters>,
+) {
+    let _ = client.set_nodelay(true);
+    let Ok(server) = TcpStream::connect(upstream).await else {
+        return;
+    };
+    let _ = server.set_nodelay(true);
+    tokio::select! {
+        _ = async { tokio::join!(pump(&client, &server), pump(&server, &client)) } => {}
+        _ = open.wait_for(|open| !*open) => {
+            counters.cut.fetch_add(1, Ordering::Relaxed);
+            reset_on_close(&client);
+            reset_on_close(&server);
+        }
+    }
+}
+
+/// `SO_LINGER` with a zero timeout: closing the socket sends RST at once (never blocks).
+fn reset_on_close(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid open socket fd and a correctly sized `linger` value.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Copies bytes from `from` to `to` until EOF or an error, then half-closes `to`.
+/// (Readiness-based, so the crate needs no tokio `io-util` feature.)
+async fn pump(from: &TcpStream, to: &TcpStream) {
+    let mut buf = vec![0u8; 64 * 1024];
+    'read: loop {
+        if from.readable().await.is_err() {
+            break;
+        }
+        let n = match from.try_read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(_) => break,
+        };
+        let mut sent = 0;
+        while sent < n {
+            if to.writable().await.is_err() {
+                break 'read;
+            }
+            match to.try_write(&buf[sent..n]) {
+                Ok(w) => sent += w,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => break 'read,
+            }
+        }
+    }
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid open socket fd.
+    unsafe {
+        libc::shutdown(to.as_raw_fd(), libc::SHUT_WR);
+    }
+}
+
+/// Status code of one HTTP/1.1 `GET path` on a fresh connection to `addr` (probes of an
+/// in-process component's `/healthz`, `/readyz`).
+pub async fn http_status(addr: SocketAddr, path: &str) -> io::Result<u16> {
+    let stream = TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let mut sent = 0;
+    while sent < request.len() {
+        stream.writable().await?;
+        match stream.try_write(&request.as_bytes()[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let mut response = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        stream.readable().await?;
+        match stream.try_read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => response.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let response = String::from_utf8_lossy(&response);
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("no status line in {response:?}")))
+}
