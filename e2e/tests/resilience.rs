@@ -691,6 +691,67 @@ async fn copy_deleted_by_hand_on_the_hub_is_recreated_promptly() {
     );
 }
 
+#[tokio::test]
+async fn copy_edited_by_hand_on_the_hub_is_restored_by_the_hub() {
+    let ws = Workspace::new("res-edit", true).await;
+    ws.cluster("c-0").await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    ws.bundle("app", app_bundle("c-0", "apps")).await;
+    let cluster_ns = ws.cluster_ns("c-0");
+    let secrets: Api<Secret> = Api::namespaced(ws.hub.clone(), &cluster_ns);
+    let secret_copy = names::copy_name("app", "Secret", "db-creds");
+    let original = eventually("the Secret copy", WAIT, || async {
+        secrets.get_opt(&secret_copy).await
+    })
+    .await;
+
+    // Someone with access to the cluster namespace changes a value and adds a key, leaving
+    // tender's hash annotation in place.
+    let tamper = serde_json::json!({"stringData": {"password": "tampered", "extra": "x"}});
+    secrets
+        .patch(
+            &secret_copy,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&tamper),
+        )
+        .await
+        .unwrap();
+    let edited_at = Instant::now();
+    let restored = eventually(
+        "the hub to restore the edited copy",
+        Duration::from_secs(10),
+        || async {
+            Ok::<_, kube::Error>(
+                secrets
+                    .get_opt(&secret_copy)
+                    .await?
+                    .filter(|s| s.data == original.data),
+            )
+        },
+    )
+    .await;
+    eprintln!(
+        "[{}] copy edited by hand: restored after {:?}",
+        ws.ns,
+        edited_at.elapsed()
+    );
+    // Only the hub manages the restored copy's content.
+    for m in restored.metadata.managed_fields.iter().flatten() {
+        let content = m
+            .fields_v1
+            .as_ref()
+            .and_then(|f| f.0.as_object())
+            .is_some_and(|f| f.contains_key("f:data"));
+        assert!(
+            !content || m.manager.as_deref() == Some(labels::HUB_FIELD_MANAGER),
+            "{:?} still owns the copy's data",
+            m.manager
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. Hub leader election.
 

@@ -28,7 +28,8 @@ use tender_runtime::Health;
 use tender_types::bundle_deployment::object_state;
 use tender_types::labels::{self, AGENT_CLEANUP_FINALIZER, AGENT_FIELD_MANAGER};
 use tender_types::{
-    BundleDeployment, BundleDeploymentStatus, CopiedResource, ObjectRef, ObjectStatus, namespaces,
+    BundleDeployment, BundleDeploymentStatus, CopiedResource, ObjectRef, ObjectStatus, hash,
+    namespaces,
 };
 
 use crate::downstream::Downstream;
@@ -339,7 +340,13 @@ async fn plan_copy(
     let ns = &ctx.config.cluster_namespace;
     let fail = |msg: String| Err(object_status(&key, object_state::MISSING, Some(msg)));
     match entry.kind.as_str() {
-        "Secret" => match hub_copy(&ctx.secrets, Api::namespaced(ctx.hub.clone(), ns), entry).await
+        "Secret" => match hub_copy(
+            &ctx.secrets,
+            Api::namespaced(ctx.hub.clone(), ns),
+            entry,
+            hash::secret_hash,
+        )
+        .await
         {
             Ok(c) => Ok(plan::secret_copy(&c, entry, copies_ns, owner, keep)),
             Err(msg) => fail(msg),
@@ -348,6 +355,7 @@ async fn plan_copy(
             &ctx.config_maps,
             Api::namespaced(ctx.hub.clone(), ns),
             entry,
+            hash::config_map_hash,
         )
         .await
         {
@@ -364,20 +372,19 @@ async fn plan_copy(
     }
 }
 
-/// The copy on the hub matching `entry.hash`: from the watch cache, else fetched.
+/// The copy on the hub whose content hashes to `entry.hash` (which only the hub writes, in the
+/// BundleDeployment spec): from the watch cache, else fetched. Content is verified, not the
+/// annotation, so a copy edited on the hub by anyone else is never deployed.
 async fn hub_copy<K>(
     store: &Store<K>,
     api: Api<K>,
     entry: &CopiedResource,
+    content_hash: fn(&K) -> String,
 ) -> std::result::Result<K, String>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
 {
-    let matches = |k: &K| {
-        k.annotations()
-            .get(labels::CONTENT_HASH)
-            .is_none_or(|h| *h == entry.hash)
-    };
+    let matches = |k: &K| content_hash(k) == entry.hash;
     let ns = api.namespace().map(str::to_string);
     let mut key = KubeRef::<K>::new(&entry.copy_name);
     if let Some(ns) = &ns {

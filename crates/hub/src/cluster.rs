@@ -273,6 +273,20 @@ pub fn cluster_status(
     (status, recheck)
 }
 
+/// Key of a status in the recent-writes memo: its content without condition transition times.
+/// A reconcile that runs before the cache has our last status write sees no conditions and
+/// stamps new ones with the current time; that is the status already written, not a new one
+/// (without this, most provisioned Clusters got their first status written twice).
+fn status_key(status: &ClusterStatus) -> String {
+    let mut value = serde_json::to_value(status).unwrap_or_default();
+    if let Some(conditions) = value.get_mut("conditions").and_then(|c| c.as_array_mut()) {
+        for c in conditions.iter_mut().filter_map(|c| c.as_object_mut()) {
+            c.remove("lastTransitionTime");
+        }
+    }
+    hash::value_hash(&value)
+}
+
 pub(crate) async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
     let workspace = cluster.namespace().unwrap_or_default();
@@ -423,7 +437,7 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         ctx.config.agent_offline_after,
     );
     let recent_key = format!("status/Cluster/{workspace}/{name}");
-    let desired_key = hash::value_hash(&serde_json::to_value(&status).unwrap_or_default());
+    let desired_key = status_key(&status);
     let live_rv = cluster.resource_version();
     let written = ctx
         .recent
@@ -672,6 +686,26 @@ mod tests {
         );
         assert_eq!(not_ready.display.as_ref().unwrap().ready_bundles, "1/2");
         assert!(!conditions::is_true(&not_ready.conditions, TYPE_READY));
+    }
+
+    #[test]
+    fn status_key_ignores_transition_times_only() {
+        let status = |now, desired| {
+            cluster_status(
+                None,
+                "ns",
+                None,
+                summary(desired, 0),
+                false,
+                Some(1),
+                at(now),
+                Duration::from_secs(90),
+            )
+            .0
+        };
+        assert_ne!(status(100, 1), status(101, 1), "the times differ");
+        assert_eq!(status_key(&status(100, 1)), status_key(&status(101, 1)));
+        assert_ne!(status_key(&status(100, 1)), status_key(&status(100, 2)));
     }
 
     #[test]

@@ -643,20 +643,25 @@ async fn write_copy(
             .map(|m| m.metadata.clone()),
     };
     let live_rv = live.as_ref().and_then(|m| m.resource_version.clone());
-    let current = live.is_some_and(|m| {
-        m.annotations
-            .as_ref()
-            .and_then(|a| a.get(labels::CONTENT_HASH))
-            == Some(&copy.hash)
-            && m.owner_references
-                .iter()
-                .flatten()
-                .any(|o| o.uid == owner.uid)
-    });
-    let recent = ctx
-        .recent
-        .get(&recent_key, live_rv.as_deref(), &desired_key)
-        .is_some();
+    // Someone else wrote the copy's content: its hash annotation can no longer be trusted, and
+    // fields another manager owns would survive an apply, so the copy is recreated.
+    let tampered = live.as_ref().is_some_and(plan::edited_by_others);
+    let current = !tampered
+        && live.is_some_and(|m| {
+            m.annotations
+                .as_ref()
+                .and_then(|a| a.get(labels::CONTENT_HASH))
+                == Some(&copy.hash)
+                && m.owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.uid == owner.uid)
+        });
+    let recent = !tampered
+        && ctx
+            .recent
+            .get(&recent_key, live_rv.as_deref(), &desired_key)
+            .is_some();
     if current || recent {
         ctx.hub.copies_skipped.inc();
         return Ok(false);
@@ -702,6 +707,27 @@ async fn write_copy(
         "write copy {} {}/{}",
         copy.kind, desired.namespace, copy.copy_name
     );
+    if tampered {
+        tracing::info!(copy = %copy.copy_name, namespace = %desired.namespace, "copy edited by another field manager; recreating it");
+        let dp = DeleteParams::background();
+        let deleted = match copy.kind {
+            SourceKind::Secret => Api::<Secret>::namespaced(ctx.client.clone(), &desired.namespace)
+                .delete(&copy.copy_name, &dp)
+                .await
+                .map(|_| ()),
+            SourceKind::ConfigMap => {
+                Api::<ConfigMap>::namespaced(ctx.client.clone(), &desired.namespace)
+                    .delete(&copy.copy_name, &dp)
+                    .await
+                    .map(|_| ())
+            }
+        };
+        match deleted {
+            Ok(()) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(kube_err(action)(e)),
+        }
+    }
     match source {
         SourceObject::Secret(s) => {
             let obj = Secret {

@@ -205,6 +205,26 @@ pub fn plan(
     Ok(plan)
 }
 
+/// Whether a copy's content fields were written by someone other than the hub (read from
+/// `managedFields`, which the metadata-only cache has): such a copy no longer matches its
+/// content-hash annotation and is recreated rather than trusted.
+pub fn edited_by_others(meta: &kube::api::ObjectMeta) -> bool {
+    const CONTENT: [&str; 5] = [
+        "f:data",
+        "f:binaryData",
+        "f:stringData",
+        "f:type",
+        "f:immutable",
+    ];
+    meta.managed_fields.iter().flatten().any(|m| {
+        m.manager.as_deref() != Some(tender_types::labels::HUB_FIELD_MANAGER)
+            && m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.as_object())
+                .is_some_and(|fields| CONTENT.iter().any(|k| fields.contains_key(*k)))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -461,5 +481,33 @@ mod tests {
             ..Default::default()
         });
         assert!(plan("app", &spec, &world.views(), &[], &BTreeMap::new(), true).is_err());
+    }
+
+    #[test]
+    fn copies_edited_by_other_managers_are_detected() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+        let entry = |manager: &str, fields: serde_json::Value| ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
+        };
+        let mut meta = kube::api::ObjectMeta::default();
+        assert!(!edited_by_others(&meta));
+        meta.managed_fields = Some(vec![entry(
+            "tender-hub",
+            serde_json::json!({"f:data": {"f:k": {}}, "f:metadata": {}}),
+        )]);
+        assert!(!edited_by_others(&meta));
+        // The garbage collector touching metadata only is not an edit of the content.
+        meta.managed_fields.as_mut().unwrap().push(entry(
+            "kube-controller-manager",
+            serde_json::json!({"f:metadata": {"f:ownerReferences": {}}}),
+        ));
+        assert!(!edited_by_others(&meta));
+        meta.managed_fields.as_mut().unwrap().push(entry(
+            "kubectl-edit",
+            serde_json::json!({"f:data": {"f:k": {}}}),
+        ));
+        assert!(edited_by_others(&meta));
     }
 }
