@@ -916,3 +916,164 @@ async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
     })
     .await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Secrecy: no Secret value in logs, events, status or metrics.
+
+/// Everything the components log in this test binary, at debug level for tender's crates.
+fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOGS: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        struct Sink;
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                captured_logs().lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("tender_hub=debug,tender_agent=debug,tender_runtime=debug,kube=debug")
+            .with_writer(|| Sink)
+            .with_ansi(false)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        std::sync::Mutex::new(Vec::new())
+    })
+}
+
+#[tokio::test]
+async fn no_secret_value_in_logs_events_status_or_metrics() {
+    use base64::Engine;
+    captured_logs();
+    let ws = Workspace::new("agent-secrecy").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    let west = ws.agent("west", &downstream_name(2)).await;
+    let target = unique_name("apps");
+    let first = format!("first-{}", unique_name("s3cr3t"));
+    let second = format!("second-{}", unique_name("s3cr3t"));
+
+    // West already has an unmanaged Secret of that name: the conflict path reports too.
+    let west_down = ws.downstream(&west.downstream).await;
+    create_namespace(&west_down, &target).await;
+    Api::<Secret>::namespaced(west_down.clone(), &target)
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("db-creds".into()),
+                    ..Default::default()
+                },
+                data: Some(bytes(&[("password", &first)])),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    ws.source_secret("db-creds", &[("password", &first)], false)
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    ws.bundle("app", app_bundle(&["east", "west"], &target, false))
+        .await;
+    ws.ready("east", "app").await;
+    let west_bds = ws.bds("west");
+    eventually("west reports the conflict", WAIT, || async {
+        let bd = west_bds.get_opt("app").await?;
+        Ok::<_, kube::Error>(bd.filter(|bd| {
+            bd.status.as_ref().is_some_and(|s| {
+                s.resources
+                    .iter()
+                    .any(|r| r.state == object_state::CONFLICT)
+            })
+        }))
+    })
+    .await;
+    // A rotation, so both values pass through hub and agent.
+    ws.source_secret("db-creds", &[("password", &second)], false)
+        .await;
+    let east_down = ws.downstream(&east.downstream).await;
+    wait_secret(
+        &east_down,
+        &target,
+        "db-creds",
+        "the rotation at east",
+        |s| secret_value(s, "password").as_deref() == Some(second.as_str()),
+    )
+    .await;
+    ws.ready("east", "app").await;
+
+    // Gather what operators see: status of every tender object, Events on the hub and
+    // downstream, both components' metrics, and the logs.
+    let mut seen = String::new();
+    let dump = |v: serde_json::Value| serde_json::to_string(&v).unwrap();
+    for b in Api::<tender_types::Bundle>::namespaced(ws.hub.clone(), &ws.ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        seen += &dump(serde_json::to_value(&b).unwrap());
+    }
+    for c in Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+    {
+        seen += &dump(serde_json::to_value(&c).unwrap());
+    }
+    for cluster in ["east", "west"] {
+        for bd in ws.bds(cluster).list(&Default::default()).await.unwrap() {
+            seen += &dump(serde_json::to_value(&bd).unwrap());
+        }
+    }
+    let mut event_count = 0;
+    for client in [&ws.hub, &east_down, &west_down] {
+        for api in [
+            Api::<k8s_openapi::api::core::v1::Event>::all((*client).clone())
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|e| serde_json::to_value(e).unwrap())
+                .collect::<Vec<_>>(),
+            Api::<k8s_openapi::api::events::v1::Event>::all((*client).clone())
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|e| serde_json::to_value(e).unwrap())
+                .collect(),
+        ] {
+            event_count += api.len();
+            for e in api {
+                seen += &dump(e);
+            }
+        }
+    }
+    seen += &ws._hub.metrics.encode();
+    for a in [&east, &west] {
+        seen += &a.handle().metrics.shared().encode();
+    }
+    let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).to_string();
+    assert!(
+        logs.contains("tender"),
+        "the log capture works (it holds tender's own log lines)"
+    );
+    assert!(event_count > 0, "there are Events to inspect");
+    assert!(seen.contains("Conflict"), "the conflict is reported");
+    seen += &logs;
+
+    for value in [&first, &second] {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(value);
+        for needle in [value.as_str(), b64.as_str()] {
+            assert!(
+                !seen.contains(needle),
+                "a Secret value ({needle}) leaked into logs, events, status or metrics"
+            );
+        }
+    }
+}
