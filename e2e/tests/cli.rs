@@ -1,0 +1,198 @@
+//! The `tender` binary against a real hub: `cluster add` registers a Cluster and prints agent
+//! install manifests that a real downstream apiserver accepts, with a hub kubeconfig that
+//! carries exactly the agent's narrow identity; `status` shows the workspace.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::discovery::{Discovery, Scope};
+use tender_e2e::hub_harness::{hub_config, start_hub};
+use tender_e2e::{HUB, client_from_yaml, downstream_name, eventually, shared_env, unique_name};
+use tender_types::{BundleDeployment, Cluster, names};
+
+/// The `tender` binary next to this test's binaries, built if `cargo test` did not build it
+/// (it does with `--workspace`).
+fn tender_bin() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_BIN_EXE_tender-testenv"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let bin = dir.join("tender");
+    if !bin.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "tender-cli", "--bin", "tender"])
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "building the tender CLI");
+    }
+    bin
+}
+
+async fn namespace(client: &kube::Client, name: &str) {
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn cluster_add_registers_and_prints_working_agent_manifests() {
+    let env = shared_env(1).await;
+    let hub = env.client(HUB).await.unwrap();
+    tender_e2e::crds::install_crds(&hub).await.unwrap();
+    let ws = unique_name("cli");
+    namespace(&hub, &ws).await;
+    let _hub = start_hub(env, hub_config(&ws)).await.unwrap();
+    let hub_kubeconfig = env.cluster(HUB).kubeconfig.clone();
+
+    let out = tokio::task::spawn_blocking({
+        let ws = ws.clone();
+        let hub_kubeconfig = hub_kubeconfig.clone();
+        move || {
+            Command::new(tender_bin())
+                .args(["cluster", "add", "east", "-n", &ws, "-l", "env=prod"])
+                .arg("--hub-kubeconfig")
+                .arg(&hub_kubeconfig)
+                .args(["--image", "example.test/tender-agent:dev"])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "tender cluster add failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The Cluster exists with its labels, and the hub prepared its namespace.
+    let cluster = Api::<Cluster>::namespaced(hub.clone(), &ws)
+        .get("east")
+        .await
+        .unwrap();
+    assert_eq!(cluster.metadata.labels.unwrap()["env"], "prod");
+    let cluster_ns = names::cluster_namespace(&ws, "east");
+
+    // The printed manifests: everything a downstream cluster needs, accepted by a real one.
+    let manifests: Vec<DynamicObject> = serde_saphyr::from_multiple::<Option<DynamicObject>>(
+        &String::from_utf8(out.stdout).unwrap(),
+    )
+    .unwrap()
+    .into_iter()
+    .flatten()
+    .collect();
+    let kinds: Vec<_> = manifests
+        .iter()
+        .map(|m| m.types.as_ref().unwrap().kind.clone())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Secret",
+            "Deployment"
+        ]
+    );
+    let down = env.client(&downstream_name(1)).await.unwrap();
+    let discovery = Discovery::new(down.clone()).run().await.unwrap();
+    let pp = PatchParams::apply("tender-e2e").force();
+    for m in &manifests {
+        let gvk = kube::api::GroupVersionKind::try_from(m.types.as_ref().unwrap()).unwrap();
+        let (ar, caps) = discovery.resolve_gvk(&gvk).unwrap();
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => {
+                Api::namespaced_with(down.clone(), m.metadata.namespace.as_deref().unwrap(), &ar)
+            }
+            Scope::Cluster => Api::all_with(down.clone(), &ar),
+        };
+        let name = m.metadata.name.clone().unwrap();
+        api.patch(&name, &pp, &Patch::Apply(m))
+            .await
+            .unwrap_or_else(|e| panic!("{gvk:?} {name} rejected downstream: {e}"));
+    }
+
+    // The hub kubeconfig in the agent's Secret is the agent's narrow identity: it reads its own
+    // cluster namespace and nothing else.
+    let secret: Secret = Api::namespaced(down.clone(), "tender-system")
+        .get("tender-agent-hub")
+        .await
+        .unwrap();
+    let kubeconfig = String::from_utf8(secret.data.unwrap()["kubeconfig"].0.clone()).unwrap();
+    let agent = client_from_yaml(&kubeconfig).await.unwrap();
+    Api::<BundleDeployment>::namespaced(agent.clone(), &cluster_ns)
+        .list(&Default::default())
+        .await
+        .expect("the agent identity lists BundleDeployments in its cluster namespace");
+    match Api::<Secret>::namespaced(agent.clone(), &ws)
+        .list(&Default::default())
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403),
+        other => panic!("the agent identity must not read workspace Secrets: {other:?}"),
+    }
+
+    // `tender status` lists the Cluster with its hub namespace.
+    let status = eventually(
+        "`tender status` to show the cluster",
+        Duration::from_secs(30),
+        || {
+            let ws = ws.clone();
+            let hub_kubeconfig = hub_kubeconfig.clone();
+            let cluster_ns = cluster_ns.clone();
+            async move {
+                let out = tokio::task::spawn_blocking(move || {
+                    Command::new(tender_bin())
+                        .args(["status", "-n", &ws])
+                        .arg("--hub-kubeconfig")
+                        .arg(&hub_kubeconfig)
+                        .output()
+                        .unwrap()
+                })
+                .await
+                .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout).to_string();
+                Ok::<_, std::convert::Infallible>(
+                    (out.status.success() && text.contains(&cluster_ns)).then_some(text),
+                )
+            }
+        },
+    )
+    .await;
+    assert!(status.contains("east"));
+}
+
+#[tokio::test]
+async fn cluster_add_rejects_a_bad_name_before_touching_the_hub() {
+    let env = shared_env(1).await;
+    let out = tokio::task::spawn_blocking({
+        let kc = env.cluster(HUB).kubeconfig.clone();
+        move || {
+            Command::new(tender_bin())
+                .args(["cluster", "add", "Not_A_Label", "-n", "tender-default"])
+                .arg("--hub-kubeconfig")
+                .arg(kc)
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must be a DNS label"));
+}
