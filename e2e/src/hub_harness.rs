@@ -142,37 +142,8 @@ impl Drop for HubHandle {
 /// Starts a hub in-process against `env`'s hub cluster (as admin) and waits until it is
 /// ready. With leader election configured, ready also means it leads.
 pub async fn start_hub(env: &TestEnv, config: HubConfig) -> Result<HubHandle> {
-    let mut metrics = Metrics::new();
-    let hub_metrics = HubMetrics::register(&mut metrics);
-    let metrics = Arc::new(metrics);
-    let kubeconfig = Kubeconfig::from_yaml(&env.kubeconfig_as(HUB, ADMIN_USER))?;
-    let kconfig =
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
-    let client = tender_runtime::client::client_from_config(
-        kconfig,
-        Some(metrics.clone()),
-        "tender-hub-e2e",
-    )?;
-    let health = Health::new();
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let leading = config.leader_election.is_some();
-    let task = tokio::spawn(tender_hub::run(
-        client,
-        config,
-        metrics.clone(),
-        hub_metrics.clone(),
-        health.clone(),
-        async move {
-            let _ = stop_rx.await;
-        },
-    ));
-    let handle = HubHandle {
-        metrics,
-        hub_metrics,
-        health,
-        stop: Some(stop_tx),
-        task: Some(task),
-    };
+    let handle = spawn_hub(&env.kubeconfig_as(HUB, ADMIN_USER), config).await?;
     if leading {
         // A standby is ready too; wait for this instance to hold the Lease and sync.
         let m = handle.metrics.clone();
@@ -190,6 +161,41 @@ pub async fn start_hub(env: &TestEnv, config: HubConfig) -> Result<HubHandle> {
     }
     handle.wait_ready(Duration::from_secs(60)).await;
     Ok(handle)
+}
+
+/// Starts a hub in-process talking to the apiserver of `kubeconfig` (YAML; e.g. one rewritten
+/// to go through a proxy) and returns at once, without waiting for it to be ready or to lead.
+pub async fn spawn_hub(kubeconfig: &str, config: HubConfig) -> Result<HubHandle> {
+    let mut metrics = Metrics::new();
+    let hub_metrics = HubMetrics::register(&mut metrics);
+    let metrics = Arc::new(metrics);
+    let kubeconfig = Kubeconfig::from_yaml(kubeconfig)?;
+    let kconfig =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+    let client = tender_runtime::client::client_from_config(
+        kconfig,
+        Some(metrics.clone()),
+        "tender-hub-e2e",
+    )?;
+    let health = Health::new();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(tender_hub::run(
+        client,
+        config,
+        metrics.clone(),
+        hub_metrics.clone(),
+        health.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    Ok(HubHandle {
+        metrics,
+        hub_metrics,
+        health,
+        stop: Some(stop_tx),
+        task: Some(task),
+    })
 }
 
 /// A kubeconfig for the hub cluster with the identity of `cluster`'s agent: the token from the

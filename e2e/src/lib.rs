@@ -48,6 +48,7 @@ pub async fn shared_env(downstream: usize) -> &'static TestEnv {
 pub mod agent_harness;
 /// Installing the CRDs into a test cluster.
 pub mod crds;
+pub mod fixture;
 /// Running tender's hub in-process against the test environment (owned by the hub work).
 pub mod hub_harness;
 pub mod proxy;

@@ -7,261 +7,21 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tender_e2e::agent_harness::{AgentHandle, start_agent};
-use tender_e2e::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
-use tender_e2e::{HUB, TestEnv, downstream_name, eventually, shared_env, unique_name};
+use tender_e2e::fixture::{
+    self, WAIT, Workspace, bytes, create_namespace, secret_value, wait_secret,
+};
+use tender_e2e::{HUB, downstream_name, eventually, shared_env, unique_name};
 use tender_types::bundle_deployment::object_state;
 use tender_types::conditions::{TYPE_READY, find_condition, is_true};
-use tender_types::{BundleDeployment, Cluster, labels, names};
-
-const WAIT: Duration = Duration::from_secs(60);
-
-// ---------------------------------------------------------------------------------------------
-// Arrange: a workspace with its own hub, clusters and agents.
-
-/// One test's world: a workspace namespace on the hub, served by its own hub instance.
-struct Workspace {
-    env: &'static TestEnv,
-    hub: kube::Client,
-    ns: String,
-    _hub: HubHandle,
-}
-
-impl Workspace {
-    async fn new(prefix: &str) -> Self {
-        let env = shared_env(2).await;
-        let hub = env.client(HUB).await.unwrap();
-        tender_e2e::crds::install_crds(&hub).await.unwrap();
-        let ns = unique_name(prefix);
-        create_namespace(&hub, &ns).await;
-        let hub_handle = start_hub(env, hub_config(&ns)).await.unwrap();
-        Self {
-            env,
-            hub,
-            ns,
-            _hub: hub_handle,
-        }
-    }
-
-    /// Registers Cluster `name` and waits for its namespace and agent token; returns the
-    /// agent's hub kubeconfig and a default agent configuration.
-    async fn register(&self, name: &str) -> (String, tender_agent::AgentConfig) {
-        let clusters: Api<Cluster> = Api::namespaced(self.hub.clone(), &self.ns);
-        let cluster: Cluster = serde_json::from_value(json!({
-            "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
-            "metadata": {"name": name, "labels": {"env": "test"}},
-            "spec": {}
-        }))
-        .unwrap();
-        clusters
-            .create(&PostParams::default(), &cluster)
-            .await
-            .unwrap();
-        let kubeconfig = agent_kubeconfig(self.env, &self.hub, &self.ns, name)
-            .await
-            .unwrap();
-        let mut config = tender_agent::AgentConfig::new(&self.ns, name);
-        config.heartbeat_interval = Duration::from_secs(2);
-        config.cluster_status_interval = Duration::from_secs(300);
-        (kubeconfig, config)
-    }
-
-    /// Registers `cluster` and starts its agent against `downstream`.
-    async fn agent(&self, cluster: &str, downstream: &str) -> Agent {
-        let (kubeconfig, config) = self.register(cluster).await;
-        let handle = start_agent(self.env, &kubeconfig, downstream, config.clone())
-            .await
-            .unwrap();
-        Agent {
-            kubeconfig,
-            config,
-            downstream: downstream.to_string(),
-            handle: Some(handle),
-        }
-    }
-
-    async fn source_secret(&self, name: &str, data: &[(&str, &str)], immutable: bool) {
-        let secrets: Api<Secret> = Api::namespaced(self.hub.clone(), &self.ns);
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(BTreeMap::from([("team".into(), "payments".into())])),
-                annotations: Some(BTreeMap::from([("owner".into(), "dba".into())])),
-                ..Default::default()
-            },
-            type_: Some("Opaque".into()),
-            data: Some(bytes(data)),
-            immutable: immutable.then_some(true),
-            ..Default::default()
-        };
-        secrets
-            .patch(
-                name,
-                &PatchParams::apply("e2e").force(),
-                &Patch::Apply(&secret),
-            )
-            .await
-            .unwrap();
-    }
-
-    async fn source_config_map(&self, name: &str, data: &[(&str, &str)]) {
-        let cms: Api<ConfigMap> = Api::namespaced(self.hub.clone(), &self.ns);
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
-        cms.patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
-            .await
-            .unwrap();
-    }
-
-    /// Creates or replaces Bundle `name` with `spec`.
-    async fn bundle(&self, name: &str, spec: Value) {
-        let api: Api<tender_types::Bundle> = Api::namespaced(self.hub.clone(), &self.ns);
-        let body = json!({
-            "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
-            "metadata": {"name": name}, "spec": spec
-        });
-        api.patch(
-            name,
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(body),
-        )
-        .await
-        .unwrap();
-    }
-
-    async fn delete_bundle(&self, name: &str) {
-        let api: Api<tender_types::Bundle> = Api::namespaced(self.hub.clone(), &self.ns);
-        api.delete(name, &DeleteParams::default()).await.unwrap();
-    }
-
-    fn bds(&self, cluster: &str) -> Api<BundleDeployment> {
-        Api::namespaced(
-            self.hub.clone(),
-            &names::cluster_namespace(&self.ns, cluster),
-        )
-    }
-
-    /// Waits until the BundleDeployment of `bundle` on `cluster` is Ready with its current
-    /// deploymentID applied.
-    async fn ready(&self, cluster: &str, bundle: &str) -> BundleDeployment {
-        let api = self.bds(cluster);
-        eventually(
-            &format!("BundleDeployment {bundle} of {cluster} Ready"),
-            WAIT,
-            || async {
-                let bd = api.get_opt(bundle).await?;
-                Ok::<_, kube::Error>(bd.filter(|bd| {
-                    bd.status.as_ref().is_some_and(|s| {
-                        s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                            && is_true(&s.conditions, TYPE_READY)
-                    })
-                }))
-            },
-        )
-        .await
-    }
-
-    async fn downstream(&self, cluster: &str) -> kube::Client {
-        self.env.client(cluster).await.unwrap()
-    }
-}
-
-/// A registered cluster with its (maybe stopped) agent.
-struct Agent {
-    kubeconfig: String,
-    config: tender_agent::AgentConfig,
-    downstream: String,
-    handle: Option<AgentHandle>,
-}
-
-impl Agent {
-    async fn kill(&mut self) {
-        if let Some(h) = self.handle.take() {
-            h.kill().await;
-        }
-    }
-
-    async fn restart(&mut self, env: &TestEnv) {
-        self.kill().await;
-        self.handle = Some(
-            start_agent(env, &self.kubeconfig, &self.downstream, self.config.clone())
-                .await
-                .unwrap(),
-        );
-    }
-
-    fn handle(&self) -> &AgentHandle {
-        self.handle.as_ref().expect("agent running")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            drop(tokio::spawn(h.kill()));
-        }
-    }
-}
+use tender_types::{Cluster, labels, names};
 
 // ---------------------------------------------------------------------------------------------
 // Small helpers.
-
-fn bytes(data: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
-    data.iter()
-        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
-        .collect()
-}
-
-async fn create_namespace(client: &kube::Client, name: &str) {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("creating namespace {name}: {e}"),
-    }
-}
-
-fn secret_value(s: &Secret, key: &str) -> Option<String> {
-    String::from_utf8(s.data.as_ref()?.get(key)?.0.clone()).ok()
-}
-
-/// Waits until `check` holds for Secret `ns/name` in `client`'s cluster.
-async fn wait_secret(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    what: &str,
-    check: impl Fn(&Secret) -> bool,
-) -> Secret {
-    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
-    eventually(what, WAIT, || async {
-        Ok::<_, kube::Error>(api.get_opt(name).await?.filter(|s| check(s)))
-    })
-    .await
-}
 
 async fn wait_gone<K>(api: &Api<K>, name: &str, what: &str)
 where
@@ -290,22 +50,11 @@ fn has_tender_metadata(meta: &ObjectMeta) -> bool {
     tender(&meta.labels) || tender(&meta.annotations)
 }
 
-/// The mission's bundle: a Secret and a ConfigMap copied, and a manifest that uses them.
+/// The mission's bundle ([`fixture::app_bundle`]) with `keepResources` set to `keep`.
 fn app_bundle(clusters: &[&str], target_ns: &str, keep: bool) -> Value {
-    json!({
-        "targets": clusters.iter().map(|c| json!({"clusterName": c})).collect::<Vec<_>>(),
-        "defaultNamespace": target_ns,
-        "downstreamResources": [
-            {"kind": "Secret", "name": "db-creds"},
-            {"kind": "ConfigMap", "name": "app-config"}
-        ],
-        "resources": [{
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "app-settings"},
-            "data": {"secretRef": "db-creds", "configRef": "app-config"}
-        }],
-        "keepResources": keep,
-    })
+    let mut spec = fixture::app_bundle(clusters, target_ns);
+    spec["keepResources"] = json!(keep);
+    spec
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -313,11 +62,10 @@ fn app_bundle(clusters: &[&str], target_ns: &str, keep: bool) -> Value {
 
 #[tokio::test]
 async fn copies_land_before_manifests_rotate_by_watch_and_go_with_the_bundle() {
-    let ws = Workspace::new("agent-flow").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-flow").await;
     let east = ws.agent("east", &downstream_name(1)).await;
     let west = ws.agent("west", &downstream_name(2)).await;
-    ws.source_secret("db-creds", &[("password", "one")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let target = unique_name("apps");
@@ -369,8 +117,7 @@ async fn copies_land_before_manifests_rotate_by_watch_and_go_with_the_bundle() {
 
     // Rotation: only the source changes; both clusters get it by watch.
     let started = Instant::now();
-    ws.source_secret("db-creds", &[("password", "two")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "two")]).await;
     for agent in [&east, &west] {
         let down = ws.downstream(&agent.downstream).await;
         wait_secret(
@@ -452,10 +199,9 @@ async fn copies_land_before_manifests_rotate_by_watch_and_go_with_the_bundle() {
 
 #[tokio::test]
 async fn keep_resources_leaves_objects_without_tender_metadata() {
-    let ws = Workspace::new("agent-keep").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-keep").await;
     let east = ws.agent("east", &downstream_name(1)).await;
-    ws.source_secret("db-creds", &[("password", "one")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let target = unique_name("kept");
@@ -494,7 +240,7 @@ async fn keep_resources_leaves_objects_without_tender_metadata() {
 
 #[tokio::test]
 async fn unmanaged_secret_is_never_touched_and_reported_as_conflict() {
-    let ws = Workspace::new("agent-conflict").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-conflict").await;
     let east = ws.agent("east", &downstream_name(1)).await;
     let target = unique_name("theirs");
     let down = ws.downstream(&east.downstream).await;
@@ -515,8 +261,7 @@ async fn unmanaged_secret_is_never_touched_and_reported_as_conflict() {
         )
         .await
         .unwrap();
-    ws.source_secret("db-creds", &[("password", "ours")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "ours")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     ws.bundle("app", app_bundle(&["east"], &target, false))
@@ -573,9 +318,9 @@ async fn unmanaged_secret_is_never_touched_and_reported_as_conflict() {
 
 #[tokio::test]
 async fn immutable_secret_rotates_by_recreate() {
-    let ws = Workspace::new("agent-immutable").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-immutable").await;
     let east = ws.agent("east", &downstream_name(1)).await;
-    ws.source_secret("db-creds", &[("password", "v1")], true)
+    ws.source_secret_immutable("db-creds", &[("password", "v1")])
         .await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
@@ -597,7 +342,7 @@ async fn immutable_secret_rotates_by_recreate() {
         .await
         .unwrap();
     wait_gone(&sources, "db-creds", "source deleted").await;
-    ws.source_secret("db-creds", &[("password", "v2")], true)
+    ws.source_secret_immutable("db-creds", &[("password", "v2")])
         .await;
     let second = wait_secret(
         &down,
@@ -617,10 +362,9 @@ async fn immutable_secret_rotates_by_recreate() {
 
 #[tokio::test]
 async fn drift_is_corrected_or_reported() {
-    let ws = Workspace::new("agent-drift").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-drift").await;
     let east = ws.agent("east", &downstream_name(1)).await;
-    ws.source_secret("db-creds", &[("password", "one")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let target = unique_name("drift");
@@ -725,10 +469,9 @@ async fn drift_is_corrected_or_reported() {
 
 #[tokio::test]
 async fn agent_killed_mid_apply_converges_after_restart() {
-    let ws = Workspace::new("agent-kill").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-kill").await;
     let mut east = ws.agent("east", &downstream_name(1)).await;
-    ws.source_secret("db-creds", &[("password", "one")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let target = unique_name("kill");
@@ -767,11 +510,10 @@ async fn agent_killed_mid_apply_converges_after_restart() {
 
 #[tokio::test]
 async fn two_registrations_on_one_downstream_stay_apart() {
-    let ws = Workspace::new("agent-shared").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-shared").await;
     let mut a = ws.agent("blue", &downstream_name(2)).await;
     let b = ws.agent("green", &downstream_name(2)).await;
-    ws.source_secret("db-creds", &[("password", "one")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let ns_a = unique_name("blue");
@@ -810,10 +552,9 @@ async fn two_registrations_on_one_downstream_stay_apart() {
 
 #[tokio::test]
 async fn hub_as_its_own_downstream_copies_namespace_to_namespace() {
-    let ws = Workspace::new("agent-self").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-self").await;
     let _local = ws.agent("local", HUB).await;
-    ws.source_secret("db-creds", &[("password", "local")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "local")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let target = unique_name("self-target");
@@ -834,7 +575,7 @@ async fn hub_as_its_own_downstream_copies_namespace_to_namespace() {
         !source.annotations().contains_key(labels::OWNER_ANNOTATION),
         "the source itself is never claimed"
     );
-    ws.source_secret("db-creds", &[("password", "local-2")], false)
+    ws.source_secret("db-creds", &[("password", "local-2")])
         .await;
     wait_secret(
         &ws.hub,
@@ -848,10 +589,9 @@ async fn hub_as_its_own_downstream_copies_namespace_to_namespace() {
 
 #[tokio::test]
 async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
-    let ws = Workspace::new("agent-sweep").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-sweep").await;
     let mut east = ws.agent("east", &downstream_name(1)).await;
-    ws.source_secret("db-creds", &[("password", "one")], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let gone_ns = unique_name("sweep-gone");
@@ -948,7 +688,7 @@ fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
 async fn no_secret_value_in_logs_events_status_or_metrics() {
     use base64::Engine;
     captured_logs();
-    let ws = Workspace::new("agent-secrecy").await;
+    let ws = Workspace::new(shared_env(2).await, "agent-secrecy").await;
     let east = ws.agent("east", &downstream_name(1)).await;
     let west = ws.agent("west", &downstream_name(2)).await;
     let target = unique_name("apps");
@@ -972,8 +712,7 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
         )
         .await
         .unwrap();
-    ws.source_secret("db-creds", &[("password", &first)], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", &first)]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     ws.bundle("app", app_bundle(&["east", "west"], &target, false))
@@ -992,8 +731,7 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
     })
     .await;
     // A rotation, so both values pass through hub and agent.
-    ws.source_secret("db-creds", &[("password", &second)], false)
-        .await;
+    ws.source_secret("db-creds", &[("password", &second)]).await;
     let east_down = ws.downstream(&east.downstream).await;
     wait_secret(
         &east_down,
@@ -1054,7 +792,7 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
             }
         }
     }
-    seen += &ws._hub.metrics.encode();
+    seen += &ws.hub_instance().metrics.encode();
     for a in [&east, &west] {
         seen += &a.handle().metrics.shared().encode();
     }

@@ -6,14 +6,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use tender_e2e::fixture::{Workspace, config_map, secret};
 use tender_e2e::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
-use tender_e2e::{HUB, TestEnv, client_from_yaml, crds, eventually, shared_env, unique_name};
+use tender_e2e::{TestEnv, client_from_yaml, eventually, shared_env};
 use tender_types::conditions::{TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason};
 use tender_types::{
     Bundle, BundleDeployment, BundleSpec, BundleTarget, Cluster, ClusterGroup, ClusterGroupSpec,
@@ -53,23 +53,13 @@ impl World {
     /// A workspace with `n` registered Clusters and a hub scoped to it, every cluster
     /// namespace provisioned.
     async fn new(prefix: &str, n: usize, copy: bool) -> World {
-        let env = shared_env(0).await;
-        let admin = env.client(HUB).await.unwrap();
-        crds::install_crds(&admin).await.unwrap();
-        let ws = unique_name(prefix);
-        Api::<Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(ws.clone()),
-                        ..Default::default()
-                    },
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
+        // No hub yet: it starts below, once the Clusters exist.
+        let Workspace {
+            env,
+            hub: admin,
+            ns: ws,
+            ..
+        } = Workspace::without_hub(shared_env(0).await, prefix).await;
         let api: Api<Cluster> = Api::namespaced(admin.clone(), &ws);
         let mut clusters = Vec::new();
         for i in 0..n {
@@ -130,19 +120,8 @@ impl World {
     }
 
     async fn create_secret(&self, name: &str, data: &[(&str, &str)]) -> Secret {
-        let s = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                labels: Some(BTreeMap::from([("team".into(), "payments".into())])),
-                ..Default::default()
-            },
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
+        let mut s = secret(name, data);
+        s.metadata.labels = Some(BTreeMap::from([("team".into(), "payments".into())]));
         self.api::<Secret>()
             .create(&PostParams::default(), &s)
             .await
@@ -150,20 +129,8 @@ impl World {
     }
 
     async fn create_config_map(&self, name: &str, data: &[(&str, &str)]) -> ConfigMap {
-        let c = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
         self.api::<ConfigMap>()
-            .create(&PostParams::default(), &c)
+            .create(&PostParams::default(), &config_map(name, data))
             .await
             .unwrap()
     }

@@ -9,243 +9,41 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 use tender_e2e::agent_harness::{AgentHandle, start_agent};
-use tender_e2e::hub_harness::{
-    HubHandle, WRITE_VERBS, agent_kubeconfig, hub_config, request_series, start_hub,
-};
+use tender_e2e::fixture::{WAIT, Workspace, app_bundle, secret_value, wait_secret};
+use tender_e2e::hub_harness::{HubHandle, hub_config, spawn_hub};
 use tender_e2e::proxy::{TcpProxy, http_status};
 use tender_e2e::{
-    ADMIN_USER, HUB, TestEnv, client_from_yaml, downstream_name, eventually, shared_env,
-    unique_name,
+    ADMIN_USER, HUB, client_from_yaml, downstream_name, eventually, shared_env, unique_name,
 };
-use tender_hub::{HubConfig, HubMetrics};
+use tender_hub::HubConfig;
 use tender_runtime::leader::LEASE_DURATION_SECONDS;
-use tender_runtime::{Health, Metrics};
-use tender_types::conditions::{TYPE_READY, is_true};
-use tender_types::{Bundle, BundleDeployment, Cluster, labels, names};
+use tender_types::{BundleDeployment, labels, names};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-const WAIT: Duration = Duration::from_secs(60);
-
 // ---------------------------------------------------------------------------------------------
-// Arrange: a workspace with its own hub, clusters and agents (the style of tests/agent.rs).
+// Small helpers.
 
-struct Workspace {
-    env: &'static TestEnv,
-    hub: kube::Client,
-    ns: String,
-    _hub: Option<HubHandle>,
-}
-
-impl Workspace {
-    /// A workspace namespace; with `hub`, served by its own hub instance.
-    async fn new(prefix: &str, hub: bool) -> Self {
-        let env = shared_env(1).await;
-        let client = env.client(HUB).await.unwrap();
-        tender_e2e::crds::install_crds(&client).await.unwrap();
-        let ns = unique_name(prefix);
-        create_namespace(&client, &ns).await;
-        let handle = if hub {
-            Some(start_hub(env, hub_config(&ns)).await.unwrap())
-        } else {
-            None
-        };
-        Self {
-            env,
-            hub: client,
-            ns,
-            _hub: handle,
-        }
-    }
-
-    fn cluster_ns(&self, cluster: &str) -> String {
-        names::cluster_namespace(&self.ns, cluster)
-    }
-
-    /// Creates Cluster `name` and waits until its namespace is provisioned.
-    async fn cluster(&self, name: &str) {
-        let clusters: Api<Cluster> = Api::namespaced(self.hub.clone(), &self.ns);
-        let cluster: Cluster = serde_json::from_value(json!({
-            "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
-            "metadata": {"name": name, "labels": {"env": "test"}},
-            "spec": {}
-        }))
-        .unwrap();
-        clusters
-            .create(&PostParams::default(), &cluster)
-            .await
-            .unwrap();
-        eventually(
-            &format!("Cluster {name} namespace provisioned"),
-            WAIT,
-            || async {
-                let c = clusters.get(name).await?;
-                Ok::<_, kube::Error>(c.status.and_then(|s| s.namespace).map(|_| ()))
-            },
-        )
-        .await;
-    }
-
-    /// Registers Cluster `name`; returns the agent's hub kubeconfig and agent configuration.
-    async fn register(&self, name: &str) -> (String, tender_agent::AgentConfig) {
-        self.cluster(name).await;
-        let kubeconfig = agent_kubeconfig(self.env, &self.hub, &self.ns, name)
-            .await
-            .unwrap();
-        let mut config = tender_agent::AgentConfig::new(&self.ns, name);
-        config.heartbeat_interval = Duration::from_secs(2);
-        config.cluster_status_interval = Duration::from_secs(300);
-        (kubeconfig, config)
-    }
-
-    async fn source_secret(&self, name: &str, data: &[(&str, &str)]) {
-        let secrets: Api<Secret> = Api::namespaced(self.hub.clone(), &self.ns);
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            type_: Some("Opaque".into()),
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
-        secrets
-            .patch(
-                name,
-                &PatchParams::apply("e2e").force(),
-                &Patch::Apply(&secret),
-            )
-            .await
-            .unwrap();
-    }
-
-    async fn source_config_map(&self, name: &str, data: &[(&str, &str)]) {
-        let cms: Api<ConfigMap> = Api::namespaced(self.hub.clone(), &self.ns);
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..Default::default()
-            },
-            data: Some(
-                data.iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-            ),
-            ..Default::default()
-        };
-        cms.patch(name, &PatchParams::apply("e2e").force(), &Patch::Apply(&cm))
-            .await
-            .unwrap();
-    }
-
-    /// Creates or replaces Bundle `name` with `spec`.
-    async fn bundle(&self, name: &str, spec: Value) {
-        let api: Api<Bundle> = Api::namespaced(self.hub.clone(), &self.ns);
-        let body = json!({
-            "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
-            "metadata": {"name": name}, "spec": spec
-        });
-        api.patch(
-            name,
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(body),
-        )
-        .await
-        .unwrap();
-    }
-
-    fn bds(&self, cluster: &str) -> Api<BundleDeployment> {
-        Api::namespaced(self.hub.clone(), &self.cluster_ns(cluster))
-    }
-
-    /// Waits until the BundleDeployment of `bundle` on `cluster` is Ready with its current
-    /// deploymentID applied.
-    async fn ready(&self, cluster: &str, bundle: &str) -> BundleDeployment {
-        let api = self.bds(cluster);
-        eventually(
-            &format!("BundleDeployment {bundle} of {cluster} Ready and applied"),
-            WAIT,
-            || async {
-                let bd = api.get_opt(bundle).await?;
-                Ok::<_, kube::Error>(bd.filter(|bd| {
-                    bd.status.as_ref().is_some_and(|s| {
-                        s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                            && is_true(&s.conditions, TYPE_READY)
-                    })
-                }))
-            },
-        )
-        .await
-    }
-
-    /// Waits until the hub has given `bundle` on `cluster` a deploymentID other than `old`.
-    async fn new_deployment_id(&self, cluster: &str, bundle: &str, old: &str) -> String {
-        let api = self.bds(cluster);
-        eventually(
-            &format!("a new deploymentID for {bundle} on {cluster}"),
-            WAIT,
-            || async {
-                let bd = api.get(bundle).await?;
-                Ok::<_, kube::Error>(
-                    (bd.spec.deployment_id != old).then_some(bd.spec.deployment_id),
-                )
-            },
-        )
-        .await
-    }
-}
-
-/// A Secret and a ConfigMap copied, and a manifest that uses them.
-fn app_bundle(cluster: &str, target_ns: &str) -> Value {
-    json!({
-        "targets": [{"clusterName": cluster}],
-        "defaultNamespace": target_ns,
-        "downstreamResources": [
-            {"kind": "Secret", "name": "db-creds"},
-            {"kind": "ConfigMap", "name": "app-config"}
-        ],
-        "resources": [{
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "app-settings"},
-            "data": {"secretRef": "db-creds", "configRef": "app-config"}
-        }],
-    })
-}
-
-async fn create_namespace(client: &kube::Client, name: &str) {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
+/// Waits until the hub has given `bundle` on `cluster` a deploymentID other than `old`.
+async fn new_deployment_id(ws: &Workspace, cluster: &str, bundle: &str, old: &str) -> String {
+    let api = ws.bds(cluster);
+    eventually(
+        &format!("a new deploymentID for {bundle} on {cluster}"),
+        WAIT,
+        || async {
+            let bd = api.get(bundle).await?;
+            Ok::<_, kube::Error>((bd.spec.deployment_id != old).then_some(bd.spec.deployment_id))
         },
-        ..Default::default()
-    };
-    match api.create(&PostParams::default(), &ns).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 409 => {}
-        Err(e) => panic!("creating namespace {name}: {e}"),
-    }
-}
-
-fn secret_value(s: &Secret, key: &str) -> Option<String> {
-    String::from_utf8(s.data.as_ref()?.get(key)?.0.clone()).ok()
+    )
+    .await
 }
 
 /// Identity of every downstream object of one cluster namespace (copies, manifests and the
@@ -325,7 +123,7 @@ async fn kill(agent: AgentHandle) {
 
 #[tokio::test]
 async fn hub_unreachable_keeps_downstream_and_rotation_arrives_after_restore() {
-    let ws = Workspace::new("res-cut", true).await;
+    let ws = Workspace::new(shared_env(1).await, "res-cut").await;
     let (kubeconfig, config) = ws.register("east").await;
     let proxy = TcpProxy::for_server(&ws.env.cluster(HUB).server)
         .await
@@ -341,13 +139,13 @@ async fn hub_unreachable_keeps_downstream_and_rotation_arrives_after_restore() {
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let target = unique_name("cut");
-    ws.bundle("app", app_bundle("east", &target)).await;
+    ws.bundle("app", app_bundle(&["east"], &target)).await;
     let before = ws.ready("east", "app").await;
     assert!(
         proxy.forwarded() > 0,
         "the agent reaches the hub only through the proxy"
     );
-    let down = ws.env.client(&downstream).await.unwrap();
+    let down = ws.downstream(&downstream).await;
     let cluster_ns = ws.cluster_ns("east");
     let snap = snapshot(&down, &cluster_ns).await.unwrap();
     for object in [
@@ -375,9 +173,7 @@ async fn hub_unreachable_keeps_downstream_and_rotation_arrives_after_restore() {
     let cut_at = Instant::now();
     // While cut, the source rotates on the hub; the hub (not behind the proxy) processes it.
     ws.source_secret("db-creds", &[("password", "two")]).await;
-    let rotated_id = ws
-        .new_deployment_id("east", "app", &before.spec.deployment_id)
-        .await;
+    let rotated_id = new_deployment_id(&ws, "east", "app", &before.spec.deployment_id).await;
 
     // The deliberate observation window: ~20 s without the hub.
     let mut not_ready_seen = 0;
@@ -427,11 +223,13 @@ async fn hub_unreachable_keeps_downstream_and_rotation_arrives_after_restore() {
     // Restore: the rotation arrives by itself.
     proxy.restore();
     let restored_at = Instant::now();
-    let secrets: Api<Secret> = Api::namespaced(down.clone(), &target);
-    let rotated = eventually("the rotation to arrive downstream", WAIT, || async {
-        let s = secrets.get("db-creds").await?;
-        Ok::<_, kube::Error>((secret_value(&s, "password").as_deref() == Some("two")).then_some(s))
-    })
+    let rotated = wait_secret(
+        &down,
+        &target,
+        "db-creds",
+        "the rotation to arrive downstream",
+        |s| secret_value(s, "password").as_deref() == Some("two"),
+    )
     .await;
     let arrived = restored_at.elapsed();
     let after = ws.ready("east", "app").await;
@@ -463,7 +261,7 @@ async fn hub_unreachable_keeps_downstream_and_rotation_arrives_after_restore() {
 
 #[tokio::test]
 async fn hub_forbidding_the_agent_deletes_nothing_and_it_resumes_when_allowed_again() {
-    let ws = Workspace::new("res-403", true).await;
+    let ws = Workspace::new(shared_env(1).await, "res-403").await;
     let (kubeconfig, config) = ws.register("east").await;
     let downstream = downstream_name(1);
     let agent = start_agent(ws.env, &kubeconfig, &downstream, config.clone())
@@ -473,9 +271,9 @@ async fn hub_forbidding_the_agent_deletes_nothing_and_it_resumes_when_allowed_ag
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
     let target = unique_name("forbidden");
-    ws.bundle("app", app_bundle("east", &target)).await;
+    ws.bundle("app", app_bundle(&["east"], &target)).await;
     let before = ws.ready("east", "app").await;
-    let down = ws.env.client(&downstream).await.unwrap();
+    let down = ws.downstream(&downstream).await;
     let cluster_ns = ws.cluster_ns("east");
 
     // Revoke: the agent's RoleBinding in its cluster namespace goes away.
@@ -520,9 +318,7 @@ async fn hub_forbidding_the_agent_deletes_nothing_and_it_resumes_when_allowed_ag
     }
     // A change arrives on the hub meanwhile, so resuming has real work to do.
     ws.source_secret("db-creds", &[("password", "two")]).await;
-    let rotated_id = ws
-        .new_deployment_id("east", "app", &before.spec.deployment_id)
-        .await;
+    let rotated_id = new_deployment_id(&ws, "east", "app", &before.spec.deployment_id).await;
 
     // Start it again while the hub still refuses it: its start-up sweep runs against the 403s.
     let agent = start_agent(ws.env, &kubeconfig, &downstream, config.clone())
@@ -607,12 +403,12 @@ async fn hub_forbidding_the_agent_deletes_nothing_and_it_resumes_when_allowed_ag
 
 #[tokio::test]
 async fn copy_deleted_by_hand_on_the_hub_is_recreated_promptly() {
-    let ws = Workspace::new("res-copy", true).await;
+    let ws = Workspace::new(shared_env(1).await, "res-copy").await;
     ws.cluster("c-0").await;
     ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
-    ws.bundle("app", app_bundle("c-0", "apps")).await;
+    ws.bundle("app", app_bundle(&["c-0"], "apps")).await;
     let cluster_ns = ws.cluster_ns("c-0");
     let bds = ws.bds("c-0");
     let bd = eventually("the BundleDeployment", WAIT, || async {
@@ -693,12 +489,12 @@ async fn copy_deleted_by_hand_on_the_hub_is_recreated_promptly() {
 
 #[tokio::test]
 async fn copy_edited_by_hand_on_the_hub_is_restored_by_the_hub() {
-    let ws = Workspace::new("res-edit", true).await;
+    let ws = Workspace::new(shared_env(1).await, "res-edit").await;
     ws.cluster("c-0").await;
     ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
-    ws.bundle("app", app_bundle("c-0", "apps")).await;
+    ws.bundle("app", app_bundle(&["c-0"], "apps")).await;
     let cluster_ns = ws.cluster_ns("c-0");
     let secrets: Api<Secret> = Api::namespaced(ws.hub.clone(), &cluster_ns);
     let secret_copy = names::copy_name("app", "Secret", "db-creds");
@@ -758,61 +554,15 @@ async fn copy_edited_by_hand_on_the_hub_is_restored_by_the_hub() {
 /// A hub replica running in this process with its own client (maybe through a proxy).
 struct Replica {
     identity: String,
-    metrics: Arc<Metrics>,
-    hub_metrics: HubMetrics,
-    health: Health,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), tender_hub::Error>>>,
+    hub: HubHandle,
 }
 
 impl Replica {
     /// Starts a hub with `config` talking to the apiserver of `kubeconfig`; does not wait.
     async fn start(kubeconfig: &str, config: HubConfig) -> Self {
-        let mut metrics = Metrics::new();
-        let hub_metrics = HubMetrics::register(&mut metrics);
-        let metrics = Arc::new(metrics);
-        let kc = Kubeconfig::from_yaml(kubeconfig).unwrap();
-        let kconfig = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .unwrap();
-        let client = tender_runtime::client::client_from_config(
-            kconfig,
-            Some(metrics.clone()),
-            "tender-hub-e2e",
-        )
-        .unwrap();
         let identity = config.leader_election.as_ref().unwrap().identity.clone();
-        let health = Health::new();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(tender_hub::run(
-            client,
-            config,
-            metrics.clone(),
-            hub_metrics.clone(),
-            health.clone(),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
-        Self {
-            identity,
-            metrics,
-            hub_metrics,
-            health,
-            stop: Some(stop),
-            task: Some(task),
-        }
-    }
-
-    /// Writes sent, Lease requests excluded.
-    fn writes(&self) -> u64 {
-        request_series(&self.metrics.encode())
-            .into_iter()
-            .filter(|(verb, resource, _, _)| {
-                WRITE_VERBS.contains(&verb.as_str()) && resource != "leases"
-            })
-            .map(|s| s.3)
-            .sum()
+        let hub = spawn_hub(kubeconfig, config).await.unwrap();
+        Self { identity, hub }
     }
 
     /// Whether its controllers ever started (they watch Bundles only while leading).
@@ -825,25 +575,21 @@ impl Replica {
     }
 
     /// Graceful stop: releases the Lease.
-    async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(Duration::from_secs(30), task)
-                .await
-                .expect("hub stops within 30 s")
-                .expect("hub task")
-                .expect("hub result");
-        }
+    async fn stop(self) {
+        tokio::time::timeout(Duration::from_secs(30), self.hub.stop())
+            .await
+            .expect("hub stops within 30 s")
+            .expect("hub result");
     }
 }
 
-impl Drop for Replica {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+/// The replica's hub: its metrics, readiness and write count ([`HubHandle::writes`]: writes
+/// sent, Lease requests excluded).
+impl std::ops::Deref for Replica {
+    type Target = HubHandle;
+
+    fn deref(&self) -> &HubHandle {
+        &self.hub
     }
 }
 
@@ -879,7 +625,7 @@ fn manifest_mode(bd: &BundleDeployment) -> Option<String> {
 
 #[tokio::test]
 async fn hub_leader_election_one_writer_and_failover_within_the_lease() {
-    let ws = Workspace::new("res-leader", false).await;
+    let ws = Workspace::without_hub(shared_env(1).await, "res-leader").await;
     let env = ws.env;
     let server = env.cluster(HUB).server.clone();
     let admin_kubeconfig = env.kubeconfig_as(HUB, ADMIN_USER);

@@ -1,0 +1,356 @@
+//! Shared fixtures of the end-to-end tests: a [`Workspace`] (one test's namespace on the hub,
+//! usually served by its own hub instance), its Clusters and in-process [`Agent`]s, source
+//! objects and Bundles, and small waiting and object helpers.
+//!
+//! Every test builds its own workspace, so tests of one binary run in parallel on one shared
+//! [`TestEnv`] without seeing each other's objects.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tender_agent::AgentConfig;
+use tender_types::conditions::{TYPE_READY, is_true};
+use tender_types::{Bundle, BundleDeployment, Cluster, names};
+
+use crate::agent_harness::{AgentHandle, start_agent};
+use crate::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
+use crate::{HUB, TestEnv, eventually, unique_name};
+
+/// How long the fixtures wait for anything (a namespace provisioned, a BundleDeployment
+/// Ready, a Secret changed) before failing the test.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// The field manager the fixtures apply source objects and Bundles with.
+const FIELD_MANAGER: &str = "e2e";
+
+/// One test's world: a workspace namespace on the hub cluster of a shared environment, and
+/// (unless made [`without_hub`](Self::without_hub)) a hub instance serving only it.
+pub struct Workspace {
+    /// The environment the workspace lives in.
+    pub env: &'static TestEnv,
+    /// An admin client of the hub cluster.
+    pub hub: kube::Client,
+    /// The workspace namespace.
+    pub ns: String,
+    hub_instance: Option<HubHandle>,
+}
+
+impl Workspace {
+    /// A fresh workspace namespace named after `prefix` (CRDs installed), served by its own
+    /// hub instance with the default test configuration ([`hub_config`]).
+    pub async fn new(env: &'static TestEnv, prefix: &str) -> Self {
+        let mut ws = Self::without_hub(env, prefix).await;
+        ws.hub_instance = Some(start_hub(env, hub_config(&ws.ns)).await.unwrap());
+        ws
+    }
+
+    /// A fresh workspace namespace named after `prefix` (CRDs installed) that no hub serves:
+    /// for tests that run their own hub(s).
+    pub async fn without_hub(env: &'static TestEnv, prefix: &str) -> Self {
+        let hub = env.client(HUB).await.unwrap();
+        crate::crds::install_crds(&hub).await.unwrap();
+        let ns = unique_name(prefix);
+        create_namespace(&hub, &ns).await;
+        Self {
+            env,
+            hub,
+            ns,
+            hub_instance: None,
+        }
+    }
+
+    /// The hub instance serving this workspace.
+    ///
+    /// # Panics
+    /// For a workspace made [`without_hub`](Self::without_hub).
+    pub fn hub_instance(&self) -> &HubHandle {
+        self.hub_instance
+            .as_ref()
+            .expect("a workspace served by its own hub")
+    }
+
+    /// The hub namespace of Cluster `cluster` of this workspace.
+    pub fn cluster_ns(&self, cluster: &str) -> String {
+        names::cluster_namespace(&self.ns, cluster)
+    }
+
+    /// An admin client of cluster `name` of the environment (a downstream, or the hub).
+    pub async fn downstream(&self, name: &str) -> kube::Client {
+        self.env.client(name).await.unwrap()
+    }
+
+    /// Creates Cluster `name` (labelled `env: test`) and waits until the hub has provisioned
+    /// its namespace.
+    pub async fn cluster(&self, name: &str) {
+        let clusters: Api<Cluster> = Api::namespaced(self.hub.clone(), &self.ns);
+        let cluster: Cluster = serde_json::from_value(json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": name, "labels": {"env": "test"}},
+            "spec": {}
+        }))
+        .unwrap();
+        clusters
+            .create(&PostParams::default(), &cluster)
+            .await
+            .unwrap();
+        eventually(
+            &format!("Cluster {name} namespace provisioned"),
+            WAIT,
+            || async {
+                let c = clusters.get(name).await?;
+                Ok::<_, kube::Error>(c.status.and_then(|s| s.namespace).map(|_| ()))
+            },
+        )
+        .await;
+    }
+
+    /// Registers Cluster `name` ([`cluster`](Self::cluster)) and waits for its agent token;
+    /// returns the agent's hub kubeconfig (its narrow identity) and an agent configuration
+    /// with a 2 s heartbeat.
+    pub async fn register(&self, name: &str) -> (String, AgentConfig) {
+        self.cluster(name).await;
+        let kubeconfig = agent_kubeconfig(self.env, &self.hub, &self.ns, name)
+            .await
+            .unwrap();
+        let mut config = AgentConfig::new(&self.ns, name);
+        config.heartbeat_interval = Duration::from_secs(2);
+        config.cluster_status_interval = Duration::from_secs(300);
+        (kubeconfig, config)
+    }
+
+    /// Registers `cluster` and starts its agent against cluster `downstream` of the
+    /// environment.
+    pub async fn agent(&self, cluster: &str, downstream: &str) -> Agent {
+        let (kubeconfig, config) = self.register(cluster).await;
+        let handle = start_agent(self.env, &kubeconfig, downstream, config.clone())
+            .await
+            .unwrap();
+        Agent {
+            kubeconfig,
+            config,
+            downstream: downstream.to_string(),
+            handle: Some(handle),
+        }
+    }
+
+    /// Creates or replaces source Secret `name` in the workspace: [`secret`] with `data`,
+    /// labelled `team: payments` and annotated `owner: dba`.
+    pub async fn source_secret(&self, name: &str, data: &[(&str, &str)]) {
+        self.apply_source_secret(name, data, false).await;
+    }
+
+    /// Like [`source_secret`](Self::source_secret), but the Secret is immutable.
+    pub async fn source_secret_immutable(&self, name: &str, data: &[(&str, &str)]) {
+        self.apply_source_secret(name, data, true).await;
+    }
+
+    async fn apply_source_secret(&self, name: &str, data: &[(&str, &str)], immutable: bool) {
+        let mut s = secret(name, data);
+        s.metadata.labels = Some(BTreeMap::from([("team".into(), "payments".into())]));
+        s.metadata.annotations = Some(BTreeMap::from([("owner".into(), "dba".into())]));
+        s.immutable = immutable.then_some(true);
+        Api::<Secret>::namespaced(self.hub.clone(), &self.ns)
+            .patch(name, &apply(), &Patch::Apply(&s))
+            .await
+            .unwrap();
+    }
+
+    /// Creates or replaces source ConfigMap `name` in the workspace with `data`.
+    pub async fn source_config_map(&self, name: &str, data: &[(&str, &str)]) {
+        Api::<ConfigMap>::namespaced(self.hub.clone(), &self.ns)
+            .patch(name, &apply(), &Patch::Apply(&config_map(name, data)))
+            .await
+            .unwrap();
+    }
+
+    /// Creates or replaces Bundle `name` with `spec`.
+    pub async fn bundle(&self, name: &str, spec: Value) {
+        let body = json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
+            "metadata": {"name": name}, "spec": spec
+        });
+        Api::<Bundle>::namespaced(self.hub.clone(), &self.ns)
+            .patch(name, &apply(), &Patch::Apply(body))
+            .await
+            .unwrap();
+    }
+
+    /// Deletes Bundle `name` (without waiting for it to go).
+    pub async fn delete_bundle(&self, name: &str) {
+        Api::<Bundle>::namespaced(self.hub.clone(), &self.ns)
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+
+    /// The BundleDeployments of Cluster `cluster`.
+    pub fn bds(&self, cluster: &str) -> Api<BundleDeployment> {
+        Api::namespaced(self.hub.clone(), &self.cluster_ns(cluster))
+    }
+
+    /// Waits until the BundleDeployment of `bundle` on `cluster` is Ready with its current
+    /// deploymentID applied.
+    pub async fn ready(&self, cluster: &str, bundle: &str) -> BundleDeployment {
+        let api = self.bds(cluster);
+        eventually(
+            &format!("BundleDeployment {bundle} of {cluster} Ready and applied"),
+            WAIT,
+            || async {
+                let bd = api.get_opt(bundle).await?;
+                Ok::<_, kube::Error>(bd.filter(|bd| {
+                    bd.status.as_ref().is_some_and(|s| {
+                        s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                            && is_true(&s.conditions, TYPE_READY)
+                    })
+                }))
+            },
+        )
+        .await
+    }
+}
+
+/// A registered Cluster with its in-process agent, which a test may kill and restart.
+/// Dropping it kills the agent.
+pub struct Agent {
+    kubeconfig: String,
+    config: AgentConfig,
+    /// The environment's cluster the agent deploys to.
+    pub downstream: String,
+    handle: Option<AgentHandle>,
+}
+
+impl Agent {
+    /// Kills the agent like a crashed process (no-op when it is not running).
+    pub async fn kill(&mut self) {
+        if let Some(h) = self.handle.take() {
+            h.kill().await;
+        }
+    }
+
+    /// Kills the agent if it runs and starts it again, same identity and configuration.
+    pub async fn restart(&mut self, env: &TestEnv) {
+        self.kill().await;
+        self.handle = Some(
+            start_agent(env, &self.kubeconfig, &self.downstream, self.config.clone())
+                .await
+                .unwrap(),
+        );
+    }
+
+    /// The running agent.
+    ///
+    /// # Panics
+    /// When the agent has been killed and not restarted.
+    pub fn handle(&self) -> &AgentHandle {
+        self.handle.as_ref().expect("agent running")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            drop(tokio::spawn(h.kill()));
+        }
+    }
+}
+
+/// The spec of a Bundle deployed to `clusters` (by name) in `target_ns`: copies of source
+/// Secret `db-creds` and ConfigMap `app-config`, and a ConfigMap manifest `app-settings` that
+/// refers to both.
+pub fn app_bundle(clusters: &[&str], target_ns: &str) -> Value {
+    json!({
+        "targets": clusters.iter().map(|c| json!({"clusterName": c})).collect::<Vec<_>>(),
+        "defaultNamespace": target_ns,
+        "downstreamResources": [
+            {"kind": "Secret", "name": "db-creds"},
+            {"kind": "ConfigMap", "name": "app-config"}
+        ],
+        "resources": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "app-settings"},
+            "data": {"secretRef": "db-creds", "configRef": "app-config"}
+        }],
+    })
+}
+
+fn apply() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// Secret data from string pairs.
+pub fn bytes(data: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
+    data.iter()
+        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+        .collect()
+}
+
+/// An Opaque Secret `name` with `data`.
+pub fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(bytes(data)),
+        ..Default::default()
+    }
+}
+
+/// A ConfigMap `name` with `data`.
+pub fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// Value `key` of Secret `s` as UTF-8, if present.
+pub fn secret_value(s: &Secret, key: &str) -> Option<String> {
+    String::from_utf8(s.data.as_ref()?.get(key)?.0.clone()).ok()
+}
+
+/// Creates namespace `name` through `client` (fine when it exists already).
+pub async fn create_namespace(client: &kube::Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => panic!("creating namespace {name}: {e}"),
+    }
+}
+
+/// Waits until Secret `ns/name` exists in `client`'s cluster and `check` holds for it; `what`
+/// names the wait in the failure message.
+pub async fn wait_secret(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    what: &str,
+    check: impl Fn(&Secret) -> bool,
+) -> Secret {
+    let api: Api<Secret> = Api::namespaced(client.clone(), ns);
+    eventually(what, WAIT, || async {
+        Ok::<_, kube::Error>(api.get_opt(name).await?.filter(|s| check(s)))
+    })
+    .await
+}
