@@ -1,0 +1,673 @@
+//! `tender-bench`: how the hub scales with the number of clusters, on a real hub apiserver.
+//!
+//! For each size N (smallest first, so it is the in-run baseline) it starts a fresh hub-only
+//! environment, runs the hub in-process (the same library code as `tender-hub`) and measures:
+//!
+//! - provision: N Clusters registered (no agents) until every one has its namespace and agent
+//!   identity (the hub writes `status.namespace` after provisioning all of it);
+//! - fan-out: one Bundle selecting every cluster, copying a Secret and a ConfigMap and carrying
+//!   two small manifests, until N BundleDeployments and 2N copies carry the right hashes;
+//! - rotation: the Secret changes until every copy and BundleDeployment carries the new hash;
+//! - idle: a quiet window in which the hub must not write.
+//!
+//! Completion is observed with watches (no polling load on the apiserver). Per phase it reports
+//! the hub's requests (from its own counter, Lease renewals excluded), CPU seconds of the bench
+//! process (the hub, plus the bench's watches), the apiserver, etcd and the controller-manager,
+//! and resident memory. Run it on purpose (see docs/benchmarks.md):
+//!
+//! ```sh
+//! cargo run --release -p tender-e2e --bin tender-bench -- --clusters 100,1000
+//! ```
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt::Debug;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use futures::{StreamExt, stream};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, ObjectMeta, PartialObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tender_e2e::hub_harness::{
+    HubHandle, RequestSeries, WRITE_VERBS, hub_config, request_series, start_hub,
+};
+use tender_e2e::{EnvOptions, EnvRecord, HUB, TestEnv, crds::install_crds};
+use tender_types::{
+    Bundle, BundleDeployment, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource,
+    Manifest, hash, labels,
+};
+
+const WORKSPACE: &str = "bench";
+const BUNDLE: &str = "app";
+
+#[derive(Parser)]
+#[command(about = "Scale benchmark of tender-hub against a real hub apiserver (no agents)")]
+struct Args {
+    /// Cluster counts to measure, comma-separated; the smallest is the baseline.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    clusters: Vec<usize>,
+    /// Length of the idle window, in seconds.
+    #[arg(long, default_value_t = 20)]
+    idle_seconds: u64,
+    /// Give up on a phase after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    timeout_seconds: u64,
+}
+
+// ---------------------------------------------------------------- processes (/proc)
+
+fn proc_file(pid: Option<u32>, file: &str) -> String {
+    let who = pid.map_or("self".to_string(), |p| p.to_string());
+    std::fs::read_to_string(format!("/proc/{who}/{file}")).unwrap_or_default()
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`VmRSS`, `VmHWM`), in MB.
+fn mem_mb(pid: Option<u32>, field: &str) -> f64 {
+    proc_file(pid, "status")
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// The bench process's RSS after handing freed heap pages back, so it is close to live memory.
+fn own_rss_mb() -> f64 {
+    // SAFETY: glibc's malloc_trim only returns free heap pages to the kernel.
+    unsafe { libc::malloc_trim(0) };
+    mem_mb(None, "VmRSS")
+}
+
+/// User + system CPU seconds of a process so far.
+fn cpu_secs(pid: Option<u32>) -> f64 {
+    let stat = proc_file(pid, "stat");
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return 0.0;
+    };
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    // SAFETY: sysconf has no preconditions.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    // utime and stime are fields 14 and 15; `rest` starts at field 3.
+    (f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0)) as f64 / tick
+}
+
+/// The environment's processes, found from `env.json` by their sub-command.
+struct Pids {
+    apiserver: u32,
+    etcd: u32,
+    kcm: u32,
+}
+
+impl Pids {
+    fn find(env: &TestEnv) -> Result<Pids> {
+        let record: EnvRecord =
+            serde_json::from_slice(&std::fs::read(env.state_dir().join("env.json"))?)?;
+        let by_cmd = |what: &str| {
+            record
+                .pids
+                .iter()
+                .copied()
+                .find(|p| proc_file(Some(*p), "cmdline").split('\0').nth(1) == Some(what))
+                .with_context(|| format!("no {what} process in env.json"))
+        };
+        Ok(Pids {
+            apiserver: by_cmd("kube-apiserver")?,
+            etcd: by_cmd("etcd")?,
+            kcm: by_cmd("kube-controller-manager")?,
+        })
+    }
+}
+
+// ---------------------------------------------------------------- phases
+
+/// Counters at one moment.
+struct Snap {
+    requests: Vec<RequestSeries>,
+    /// Cluster reconciles, Bundle reconciles, failed reconciles.
+    reconciles: [u64; 3],
+    /// CPU seconds: bench, apiserver, etcd, controller-manager.
+    cpu: [f64; 4],
+}
+
+fn snap(hub: &HubHandle, pids: &Pids) -> Snap {
+    let text = hub.metrics.encode();
+    let errors = text
+        .lines()
+        .filter(|l| l.starts_with("reconcile_errors_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    Snap {
+        requests: request_series(&text),
+        reconciles: [hub.reconciles("cluster"), hub.reconciles("bundle"), errors],
+        cpu: [
+            cpu_secs(None),
+            cpu_secs(Some(pids.apiserver)),
+            cpu_secs(Some(pids.etcd)),
+            cpu_secs(Some(pids.kcm)),
+        ],
+    }
+}
+
+/// What one phase cost.
+struct Phase {
+    name: &'static str,
+    secs: f64,
+    /// Hub requests by (verb, resource[/subresource]), Leases excluded, non-zero only.
+    requests: BTreeMap<(String, String), u64>,
+    reconciles: [u64; 3],
+    cpu: [f64; 4],
+    rss: f64,
+    apiserver_rss: f64,
+}
+
+impl Phase {
+    fn new(name: &'static str, secs: f64, before: &Snap, after: &Snap, pids: &Pids) -> Phase {
+        let mut requests = BTreeMap::new();
+        for (verb, res, sub, n) in &after.requests {
+            let old = before
+                .requests
+                .iter()
+                .find(|(v, r, s, _)| (v, r, s) == (verb, res, sub))
+                .map_or(0, |s| s.3);
+            let res = if sub.is_empty() {
+                res.clone()
+            } else {
+                format!("{res}/{sub}")
+            };
+            if *n > old && res != "leases" {
+                *requests.entry((verb.clone(), res)).or_default() += n - old;
+            }
+        }
+        Phase {
+            name,
+            secs,
+            requests,
+            reconciles: [0, 1, 2].map(|i| after.reconciles[i] - before.reconciles[i]),
+            cpu: [0, 1, 2, 3].map(|i| after.cpu[i] - before.cpu[i]),
+            rss: own_rss_mb(),
+            apiserver_rss: mem_mb(Some(pids.apiserver), "VmRSS"),
+        }
+    }
+
+    fn count(&self, f: impl Fn(&str, &str) -> bool) -> u64 {
+        self.requests
+            .iter()
+            .filter(|((v, r), _)| f(v, r))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn writes(&self) -> u64 {
+        self.count(|verb, _| WRITE_VERBS.contains(&verb))
+    }
+
+    fn print(&self, n: usize) {
+        let list = |verbs: &[&str]| {
+            self.requests
+                .iter()
+                .filter(|((v, _), _)| verbs.contains(&v.as_str()))
+                .map(|((v, r), c)| format!("{v} {r} {c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "  {:<9} {:>6.1} s ({:>5.1} ms/cluster) | reconciles: cluster {} bundle {} failed {} | CPU s: bench {:.1} apiserver {:.1} etcd {:.1} kcm {:.1} | RSS MB: bench {:.0} apiserver {:.0}",
+            self.name,
+            self.secs,
+            self.secs * 1000.0 / n as f64,
+            self.reconciles[0],
+            self.reconciles[1],
+            self.reconciles[2],
+            self.cpu[0],
+            self.cpu[1],
+            self.cpu[2],
+            self.cpu[3],
+            self.rss,
+            self.apiserver_rss,
+        );
+        println!(
+            "            writes {}: {}",
+            self.writes(),
+            list(&WRITE_VERBS)
+        );
+        let reads = self.count(|v, _| v == "get" || v == "list");
+        println!("            reads  {reads}: {}", list(&["get", "list"]));
+    }
+}
+
+/// Waits until the hub's write count has not moved for 3 s (at most 120 s), so a phase's
+/// figures include its trailing status writes.
+async fn settle(hub: &HubHandle) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let (mut last, mut since) = (hub.writes(), Instant::now());
+    while since.elapsed() < Duration::from_secs(3) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = hub.writes();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+}
+
+/// Watches `api` until `n` objects satisfy `ok`; returns the seconds since `start`.
+async fn wait_all<K>(
+    what: &str,
+    api: Api<K>,
+    config: watcher::Config,
+    n: usize,
+    start: Instant,
+    timeout: Duration,
+    ok: impl Fn(&K) -> bool,
+) -> Result<f64>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::DynamicType: Default,
+{
+    let key = |o: &K| format!("{}/{}", o.namespace().unwrap_or_default(), o.name_any());
+    let mut good = HashSet::new();
+    let mut events = watcher(api, config).default_backoff().boxed();
+    let deadline = tokio::time::Instant::from_std(start + timeout);
+    while good.len() < n {
+        let event = match tokio::time::timeout_at(deadline, events.next()).await {
+            Err(_) => bail!("{what}: {}/{n} after {timeout:?}", good.len()),
+            Ok(None) => bail!("{what}: the watch ended"),
+            Ok(Some(Err(error))) => {
+                eprintln!("{what}: watch error (retrying): {error}");
+                continue;
+            }
+            Ok(Some(Ok(event))) => event,
+        };
+        match event {
+            watcher::Event::Init => good.clear(),
+            watcher::Event::Apply(o) | watcher::Event::InitApply(o) if ok(&o) => {
+                good.insert(key(&o));
+            }
+            watcher::Event::Apply(o) | watcher::Event::InitApply(o) | watcher::Event::Delete(o) => {
+                good.remove(&key(&o));
+            }
+            watcher::Event::InitDone => {}
+        }
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+// ---------------------------------------------------------------- the workload
+
+/// `bytes` of text that differ per `version`.
+fn payload(version: u32, bytes: usize) -> String {
+    let seed = format!("rotation {version} ");
+    seed.repeat(bytes / seed.len() + 1)[..bytes].to_string()
+}
+
+fn secret(version: u32) -> Secret {
+    let data = [("tls.key", 3000), ("password", 64)].map(|(k, len)| {
+        (
+            k.to_string(),
+            ByteString(payload(version, len).into_bytes()),
+        )
+    });
+    Secret {
+        metadata: ObjectMeta {
+            name: Some("creds".into()),
+            ..Default::default()
+        },
+        data: Some(data.into_iter().collect()),
+        ..Default::default()
+    }
+}
+
+fn config_map() -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("settings".into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("app.yaml".into(), payload(1, 3000))])),
+        ..Default::default()
+    }
+}
+
+fn bundle() -> Bundle {
+    let entry = |kind: &str, name: &str| DownstreamResource {
+        api_version: None,
+        kind: kind.into(),
+        name: name.into(),
+    };
+    Bundle::new(
+        BUNDLE,
+        BundleSpec {
+            targets: vec![BundleTarget {
+                cluster_selector: Some(LabelSelector::default()),
+                ..Default::default()
+            }],
+            downstream_resources: vec![entry("Secret", "creds"), entry("ConfigMap", "settings")],
+            resources: vec![
+                Manifest(
+                    serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                    "metadata": {"name": "app"}}),
+                ),
+                Manifest(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "app-settings"}, "data": {"mode": "fast"}})),
+            ],
+            ..Default::default()
+        },
+    )
+}
+
+/// Whether `bd` lists the copy of source `name` with content hash `want`.
+fn lists_copy(bd: &BundleDeployment, name: &str, want: &str) -> bool {
+    let copies = &bd.spec.options.downstream_resources;
+    copies.iter().any(|c| c.name == name && c.hash == want)
+}
+
+fn has_hash<K>(m: &PartialObjectMeta<K>, want: &str) -> bool {
+    let annotations = m.metadata.annotations.as_ref();
+    annotations
+        .and_then(|a| a.get(labels::CONTENT_HASH))
+        .map(String::as_str)
+        == Some(want)
+}
+
+/// One size: a fresh environment and hub, then the four phases. Returns them and the bench's
+/// RSS before the hub started.
+async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64)> {
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let env = TestEnv::start(EnvOptions::default()).await?;
+    let pids = Pids::find(&env)?;
+    let admin = env.client(HUB).await?;
+    install_crds(&admin).await?;
+    let pp = PostParams::default();
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(WORKSPACE.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(admin.clone())
+        .create(&pp, &ns)
+        .await?;
+    let rss_before = own_rss_mb();
+    let hub = start_hub(&env, hub_config(WORKSPACE)).await?;
+    println!(
+        "N={n}: environment up; bench RSS {rss_before:.0} MB before the hub, {:.0} MB with an idle hub; apiserver {:.0} MB",
+        own_rss_mb(),
+        mem_mb(Some(pids.apiserver), "VmRSS")
+    );
+    let in_ws = |extra: &str| {
+        watcher::Config::default().labels(&format!("{}={WORKSPACE}{extra}", labels::WORKSPACE))
+    };
+    let mut phases = Vec::new();
+
+    // Provision: register N Clusters (16 creates in flight) while the hub provisions them.
+    let clusters: Api<Cluster> = Api::namespaced(admin.clone(), WORKSPACE);
+    let before = snap(&hub, &pids);
+    let start = Instant::now();
+    let provisioned = wait_all(
+        "provisioned Clusters",
+        clusters.clone(),
+        watcher::Config::default(),
+        n,
+        start,
+        timeout,
+        |c: &Cluster| c.status.as_ref().is_some_and(|s| s.namespace.is_some()),
+    );
+    let register = async {
+        let creates = (0..n).map(|i| {
+            let mut c = Cluster::new(&format!("c-{i:05}"), ClusterSpec::default());
+            c.metadata.labels = Some(BTreeMap::from([("env".into(), "prod".into())]));
+            let api = clusters.clone();
+            async move { api.create(&PostParams::default(), &c).await.map(|_| ()) }
+        });
+        let results: Vec<_> = stream::iter(creates).buffer_unordered(16).collect().await;
+        results.into_iter().collect::<kube::Result<Vec<()>>>()?;
+        Ok::<f64, anyhow::Error>(start.elapsed().as_secs_f64())
+    };
+    let (secs, registered) = tokio::try_join!(provisioned, register)?;
+    println!("  (registering the {n} Clusters took {registered:.1} s of that)");
+    settle(&hub).await;
+    phases.push(Phase::new(
+        "provision",
+        secs,
+        &before,
+        &snap(&hub, &pids),
+        &pids,
+    ));
+
+    // Fan-out: sources first, then the Bundle; timed from the Bundle's creation.
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), WORKSPACE);
+    let source = secrets.create(&pp, &secret(1)).await?;
+    let settings = Api::<ConfigMap>::namespaced(admin.clone(), WORKSPACE)
+        .create(&pp, &config_map())
+        .await?;
+    let s_hash = hash::secret_hash(&source);
+    let c_hash = hash::config_map_hash(&settings);
+    let bds: Api<BundleDeployment> = Api::all(admin.clone());
+    let secret_copies: Api<PartialObjectMeta<Secret>> = Api::all(admin.clone());
+    let copies = format!(",{}={BUNDLE}", labels::BUNDLE_NAME);
+    let before = snap(&hub, &pids);
+    let start = Instant::now();
+    Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
+        .create(&pp, &bundle())
+        .await?;
+    let (t_bd, t_secret, t_cm) = tokio::try_join!(
+        wait_all(
+            "BundleDeployments",
+            bds.clone(),
+            in_ws(""),
+            n,
+            start,
+            timeout,
+            |bd| lists_copy(bd, "creds", &s_hash) && lists_copy(bd, "settings", &c_hash),
+        ),
+        wait_all(
+            "Secret copies",
+            secret_copies.clone(),
+            in_ws(&copies),
+            n,
+            start,
+            timeout,
+            |m| has_hash(m, &s_hash),
+        ),
+        wait_all(
+            "ConfigMap copies",
+            Api::<PartialObjectMeta<ConfigMap>>::all(admin.clone()),
+            in_ws(&copies),
+            n,
+            start,
+            timeout,
+            |m| has_hash(m, &c_hash),
+        ),
+    )?;
+    println!(
+        "  (fan-out: BundleDeployments complete at {t_bd:.1} s, Secret copies {t_secret:.1} s, ConfigMap copies {t_cm:.1} s)"
+    );
+    settle(&hub).await;
+    let secs = t_bd.max(t_secret).max(t_cm);
+    phases.push(Phase::new(
+        "fan-out",
+        secs,
+        &before,
+        &snap(&hub, &pids),
+        &pids,
+    ));
+
+    // Rotation: only the Secret changes.
+    let before = snap(&hub, &pids);
+    let start = Instant::now();
+    let patch = Patch::Merge(serde_json::json!({"data": secret(2).data}));
+    let rotated = secrets
+        .patch("creds", &PatchParams::default(), &patch)
+        .await?;
+    let s_hash = hash::secret_hash(&rotated);
+    let (t_bd, t_secret) = tokio::try_join!(
+        wait_all(
+            "rotated BundleDeployments",
+            bds,
+            in_ws(""),
+            n,
+            start,
+            timeout,
+            |bd| lists_copy(bd, "creds", &s_hash),
+        ),
+        wait_all(
+            "rotated Secret copies",
+            secret_copies,
+            in_ws(&copies),
+            n,
+            start,
+            timeout,
+            |m| has_hash(m, &s_hash),
+        ),
+    )?;
+    settle(&hub).await;
+    let secs = t_bd.max(t_secret);
+    phases.push(Phase::new(
+        "rotation",
+        secs,
+        &before,
+        &snap(&hub, &pids),
+        &pids,
+    ));
+
+    // Idle: nothing changes; the hub must not write.
+    let before = snap(&hub, &pids);
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let secs = args.idle_seconds as f64;
+    phases.push(Phase::new("idle", secs, &before, &snap(&hub, &pids), &pids));
+
+    for p in &phases {
+        p.print(n);
+    }
+    let (rotation, idle) = (&phases[2], &phases[3]);
+    let copy_writes = rotation.count(|v, r| v == "patch" && r == "secrets");
+    let bd_writes = rotation.count(|v, r| v == "patch" && r == "bundledeployments");
+    let verdict = |ok: bool| if ok { "OK" } else { "UNEXPECTED" };
+    println!(
+        "  rotation: {} writes = {copy_writes} Secret copies + {bd_writes} BundleDeployments + {} other (expected 2N = {}) {}",
+        rotation.writes(),
+        rotation.writes() - copy_writes - bd_writes,
+        2 * n,
+        verdict(rotation.writes() == 2 * n as u64)
+    );
+    println!(
+        "  idle {} s: {} writes {}",
+        args.idle_seconds,
+        idle.writes(),
+        verdict(idle.writes() == 0)
+    );
+    hub.stop().await?;
+    drop(env);
+    Ok((phases, rss_before))
+}
+
+fn ratio(a: f64, b: f64) -> String {
+    if b > 0.0 {
+        format!("x{:.2}", a / b)
+    } else {
+        "-".into()
+    }
+}
+
+fn print_summary(results: &[(usize, Vec<Phase>, f64)]) {
+    println!(
+        "\n{:>6} | {:>11} {:>9} {:>10} | {:>26} | {:>23} | {:>20} | {:>9}",
+        "N",
+        "provision s",
+        "fan-out s",
+        "rotation s",
+        "writes prov/fan/rot/idle",
+        "ms/cluster prov/fan/rot",
+        "bench RSS MB (hub Δ)",
+        "apisrv MB"
+    );
+    for (n, p, rss_before) in results {
+        let ms = |i: usize| p[i].secs * 1000.0 / *n as f64;
+        let writes: Vec<String> = p.iter().map(|q| q.writes().to_string()).collect();
+        println!(
+            "{:>6} | {:>11.1} {:>9.1} {:>10.1} | {:>26} | {:>23} | {:>20} | {:>9.0}",
+            n,
+            p[0].secs,
+            p[1].secs,
+            p[2].secs,
+            writes.join("/"),
+            format!("{:.1}/{:.1}/{:.1}", ms(0), ms(1), ms(2)),
+            format!("{:.0} (+{:.0})", p[3].rss, p[3].rss - rss_before),
+            p[3].apiserver_rss,
+        );
+    }
+    println!("peak bench RSS (VmHWM): {:.0} MB", mem_mb(None, "VmHWM"));
+
+    println!("\nCPU seconds bench/apiserver/etcd/kcm (bench = the hub + the bench's own watches):");
+    println!(
+        "{:>6} | {:>24} | {:>24} | {:>24}",
+        "N", "provision", "fan-out", "rotation"
+    );
+    for (n, p, _) in results {
+        let cpu = |q: &Phase| {
+            let c = q.cpu;
+            format!("{:.1}/{:.1}/{:.1}/{:.1}", c[0], c[1], c[2], c[3])
+        };
+        println!(
+            "{:>6} | {:>24} | {:>24} | {:>24}",
+            n,
+            cpu(&p[0]),
+            cpu(&p[1]),
+            cpu(&p[2])
+        );
+    }
+
+    let (n0, base, base_rss) = &results[0];
+    for (n, p, rss_before) in &results[1..] {
+        let scale = *n as f64 / *n0 as f64;
+        println!("\nN={n} vs N={n0} (x{scale:.0} clusters; per cluster x1.00 = linear):");
+        let all = |q: &Phase| q.cpu.iter().sum::<f64>();
+        for i in 0..3 {
+            println!(
+                "  {:<9} wall {} (per cluster {}); CPU per cluster: all {}, bench {}, apiserver {}",
+                p[i].name,
+                ratio(p[i].secs, base[i].secs),
+                ratio(p[i].secs / scale, base[i].secs),
+                ratio(all(&p[i]) / scale, all(&base[i])),
+                ratio(p[i].cpu[0] / scale, base[i].cpu[0]),
+                ratio(p[i].cpu[1] / scale, base[i].cpu[1]),
+            );
+        }
+        let total = |ps: &[Phase]| ps.iter().map(|q| q.writes() as f64).sum::<f64>();
+        println!(
+            "  writes {}; hub Δ RSS {}; apiserver RSS {}",
+            ratio(total(p), total(base)),
+            ratio(p[3].rss - rss_before, base[3].rss - base_rss),
+            ratio(p[3].apiserver_rss, base[3].apiserver_rss),
+        );
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut args = Args::parse();
+    args.clusters.sort_unstable();
+    args.clusters.dedup();
+    if args.clusters.is_empty() || args.clusters[0] == 0 {
+        bail!("--clusters needs sizes of at least 1");
+    }
+    // kube_client logs every non-2xx at error level, including the /readyz polls at start-up.
+    tender_runtime::telemetry::init(
+        tender_runtime::LogFormat::Text,
+        "warn,kube_client=off,kube_runtime=off",
+    )?;
+    let mut results = Vec::new();
+    for &n in &args.clusters {
+        let (phases, rss_before) = run_size(n, &args).await?;
+        results.push((n, phases, rss_before));
+    }
+    print_summary(&results);
+    Ok(())
+}
