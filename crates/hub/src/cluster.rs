@@ -418,11 +418,8 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
     let heartbeat = last_heartbeat(cluster, lease);
     let bds: Vec<Arc<BundleDeployment>> = ctx
-        .stores
-        .bundle_deployments
-        .state()
+        .bundle_deployments_in(&ns_name)
         .into_iter()
-        .filter(|bd| bd.namespace().as_deref() == Some(ns_name.as_str()))
         .filter(|bd| bd.metadata.deletion_timestamp.is_none())
         .collect();
     let summary = summarize(bds.len(), bds.iter().map(AsRef::as_ref));

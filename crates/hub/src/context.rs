@@ -83,6 +83,34 @@ pub(crate) struct Ctx {
     pub provisioned: Mutex<HashMap<(String, String), String>>,
     /// Writes whose watch event has not reached the caches yet.
     pub recent: RecentWrites,
+    /// BundleDeployment names by cluster namespace, kept by the BundleDeployment feed, so a
+    /// Cluster's summary reads its own few objects instead of scanning them all.
+    pub bd_names: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
+}
+
+impl Ctx {
+    /// The BundleDeployments in `namespace` (from the cache; index entries for objects the cache
+    /// no longer holds are skipped).
+    pub(crate) fn bundle_deployments_in(
+        &self,
+        namespace: &str,
+    ) -> Vec<Arc<tender_types::BundleDeployment>> {
+        let names = self
+            .bd_names
+            .lock()
+            .expect("bd index")
+            .get(namespace)
+            .cloned()
+            .unwrap_or_default();
+        names
+            .iter()
+            .filter_map(|n| {
+                self.stores
+                    .bundle_deployments
+                    .get(&kube::runtime::reflector::ObjectRef::new(n).within(namespace))
+            })
+            .collect()
+    }
 }
 
 /// Remembers what the hub last wrote to an object, and the resourceVersion the cache held

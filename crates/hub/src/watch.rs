@@ -115,6 +115,22 @@ impl Triggers {
     }
 }
 
+/// Keeps [`Ctx::bd_names`] in step with the BundleDeployment cache.
+fn index_bd(ctx: &Ctx, bd: &BundleDeployment, deleted: bool) {
+    let ns = bd.namespace().unwrap_or_default();
+    let mut index = ctx.bd_names.lock().expect("bd index");
+    if deleted {
+        if let Some(names) = index.get_mut(&ns) {
+            names.remove(&bd.name_any());
+            if names.is_empty() {
+                index.remove(&ns);
+            }
+        }
+    } else {
+        index.entry(ns).or_default().insert(bd.name_any());
+    }
+}
+
 /// Builds caches and controllers for every configured scope and runs them.
 pub(crate) async fn run_controllers(
     client: Client,
@@ -251,6 +267,7 @@ fn scope_controllers(
         source_hashes: Mutex::default(),
         provisioned: Mutex::default(),
         recent: Default::default(),
+        bd_names: Default::default(),
     });
 
     let (bundle_tx, bundle_rx) = unbounded();
@@ -340,13 +357,19 @@ fn scope_controllers(
         let t = triggers.clone();
         let ctx = ctx.clone();
         feeds.push(drive(bd_events, move |event| {
-            if let watcher::Event::InitDone = event {
-                t.all_bundles();
-                return;
+            match event {
+                watcher::Event::Init => ctx.bd_names.lock().expect("bd index").clear(),
+                watcher::Event::InitApply(bd) => index_bd(&ctx, bd, false),
+                watcher::Event::InitDone => {
+                    t.all_bundles();
+                    return;
+                }
+                _ => {}
             }
-            let Some((bd, _)) = touched(event) else {
+            let Some((bd, deleted)) = touched(event) else {
                 return;
             };
+            index_bd(&ctx, bd, deleted);
             ctx.recent.forget(&format!(
                 "bd/{}/{}",
                 bd.namespace().unwrap_or_default(),

@@ -15,11 +15,11 @@ use futures::stream::{self, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ObjectMeta, PartialObjectMeta, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tender_types::conditions::{TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason};
 use tender_types::targeting::GroupInfo;
@@ -260,11 +260,15 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                 .iter()
                 .map(|bd| (bd.namespace().unwrap_or_default(), bd.clone()))
                 .collect();
+            let copies_by_ns = bundle_copies(ctx, &ns, &name);
             // Futures collected first: a closure inside the stream type trips async Send checks.
             let writes: Vec<_> = plan
                 .deployments
                 .iter()
-                .map(|d| write_deployment(ctx, bundle, d, by_ns.get(&d.namespace), &fetched))
+                .map(|d| {
+                    let copies = copies_by_ns.get(&d.namespace).map(Vec::as_slice);
+                    write_deployment(ctx, bundle, d, by_ns.get(&d.namespace), copies, &fetched)
+                })
                 .collect();
             let results: Vec<Result<Option<(bool, usize)>, Error>> = stream::iter(writes)
                 .buffer_unordered(FANOUT_CONCURRENCY)
@@ -439,6 +443,7 @@ async fn write_deployment(
     bundle: &Bundle,
     desired: &plan::DesiredDeployment,
     existing: Option<&Arc<BundleDeployment>>,
+    existing_copies: Option<&[(SourceKind, String)]>,
     fetched: &HashMap<SourceKey, SourceObject>,
 ) -> Result<Option<(bool, usize)>, Error> {
     let Some(spec) = &desired.spec else {
@@ -453,6 +458,13 @@ async fn write_deployment(
         &desired.cluster,
         &desired.namespace,
     );
+    // Decide on the cache as it is now, not on the reconcile's snapshot: the snapshot may
+    // predate our own last write, whose watch event has since cleared its memo entry.
+    let live = ctx
+        .stores
+        .bundle_deployments
+        .get(&ObjectRef::new(&name).within(&desired.namespace));
+    let existing = live.as_ref().or(existing);
     if existing.is_some_and(|bd| bd.metadata.deletion_timestamp.is_some()) {
         // Recreated once the agent has finished cleaning up (its deletion event brings us back).
         return Ok(None);
@@ -507,25 +519,11 @@ async fn write_deployment(
         }
     }
     // Copies of this Bundle in this namespace that no entry wants any more.
-    let stale = stale_copies(
-        &ctx.stores.copy_secrets,
-        &desired.namespace,
-        &ns,
-        &bundle.name_any(),
-    )
-    .into_iter()
-    .map(|n| (SourceKind::Secret, n))
-    .chain(
-        stale_copies(
-            &ctx.stores.copy_config_maps,
-            &desired.namespace,
-            &ns,
-            &bundle.name_any(),
-        )
-        .into_iter()
-        .map(|n| (SourceKind::ConfigMap, n)),
-    )
-    .filter(|k| !wanted.contains(k));
+    let stale = existing_copies
+        .unwrap_or_default()
+        .iter()
+        .filter(|k| !wanted.contains(*k))
+        .cloned();
     for (kind, copy_name) in stale {
         let dp = DeleteParams::background();
         let result = match kind {
@@ -559,23 +557,35 @@ async fn write_deployment(
     }
 }
 
-fn stale_copies<K: Clone>(
-    store: &Store<PartialObjectMeta<K>>,
-    namespace: &str,
+/// This Bundle's copies (not being deleted) by cluster namespace, from the metadata caches:
+/// one pass per Bundle reconcile instead of one per cluster.
+fn bundle_copies(
+    ctx: &Ctx,
     bundle_ns: &str,
     bundle_name: &str,
-) -> Vec<String>
-where
-    PartialObjectMeta<K>: Resource<DynamicType = ()>,
-{
-    store
-        .state()
-        .into_iter()
-        .filter(|m| m.metadata.namespace.as_deref() == Some(namespace))
-        .filter(|m| m.metadata.deletion_timestamp.is_none())
-        .filter(|m| is_bundle(&m.metadata, bundle_ns, bundle_name))
-        .filter_map(|m| m.metadata.name.clone())
-        .collect()
+) -> HashMap<String, Vec<(SourceKind, String)>> {
+    let mut out: HashMap<String, Vec<(SourceKind, String)>> = HashMap::new();
+    let secrets = ctx.stores.copy_secrets.state();
+    let config_maps = ctx.stores.copy_config_maps.state();
+    let metas = secrets
+        .iter()
+        .map(|m| (SourceKind::Secret, &m.metadata))
+        .chain(
+            config_maps
+                .iter()
+                .map(|m| (SourceKind::ConfigMap, &m.metadata)),
+        );
+    for (kind, meta) in metas {
+        if meta.deletion_timestamp.is_some() || !is_bundle(meta, bundle_ns, bundle_name) {
+            continue;
+        }
+        if let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) {
+            out.entry(ns.clone())
+                .or_default()
+                .push((kind, name.clone()));
+        }
+    }
+    out
 }
 
 async fn apply_deployment(
