@@ -1,0 +1,174 @@
+//! Bundle options end to end on real clusters: `takeOwnership`, `paused`, `targetNamespace`
+//! (including a per-target override) and `correctDrift` left at its default.
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tender_e2e::fixture::{
+    Workspace, app_bundle, create_namespace, secret, secret_value, wait_secret,
+};
+use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
+use tender_types::conditions::{TYPE_READY, find_condition, reason};
+use tender_types::{Bundle, labels};
+
+const WAIT: std::time::Duration = tender_e2e::fixture::WAIT;
+
+#[tokio::test]
+async fn take_ownership_adopts_an_unmanaged_object() {
+    let ws = Workspace::new(shared_env(2).await, "opt-adopt").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    let target = unique_name("apps");
+    let down = ws.downstream(&east.downstream).await;
+    create_namespace(&down, &target).await;
+    Api::<Secret>::namespaced(down.clone(), &target)
+        .create(
+            &PostParams::default(),
+            &secret("db-creds", &[("password", "hand-made")]),
+        )
+        .await
+        .unwrap();
+    ws.source_secret("db-creds", &[("password", "from-hub")])
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let mut spec = app_bundle(&["east"], &target);
+    spec["takeOwnership"] = json!(true);
+    ws.bundle("app", spec).await;
+    ws.ready("east", "app").await;
+    let adopted = wait_secret(&down, &target, "db-creds", "the adopted Secret", |s| {
+        secret_value(s, "password").as_deref() == Some("from-hub")
+    })
+    .await;
+    let owner = adopted
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::OWNER_ANNOTATION).cloned());
+    assert_eq!(
+        owner,
+        Some(labels::bundle_deployment_owner(
+            &ws.cluster_ns("east"),
+            "app"
+        )),
+        "the adopted Secret carries tender's ownership"
+    );
+}
+
+#[tokio::test]
+async fn paused_bundle_holds_changes_until_unpaused() {
+    let ws = Workspace::new(shared_env(2).await, "opt-pause").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    let target = unique_name("apps");
+    ws.source_secret("db-creds", &[("password", "one")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    ws.bundle("app", app_bundle(&["east"], &target)).await;
+    ws.ready("east", "app").await;
+    let down = ws.downstream(&east.downstream).await;
+
+    let mut spec = app_bundle(&["east"], &target);
+    spec["paused"] = json!(true);
+    ws.bundle("app", spec).await;
+    let bds = ws.bds("east");
+    eventually(
+        "the BundleDeployment to carry spec.paused",
+        WAIT,
+        || async { Ok::<_, kube::Error>(bds.get("app").await?.spec.paused.then_some(())) },
+    )
+    .await;
+    let bundles: Api<Bundle> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    eventually("the Bundle to say it is paused", WAIT, || async {
+        let b = bundles.get("app").await?;
+        let paused = b.status.as_ref().is_some_and(|s| {
+            find_condition(&s.conditions, TYPE_READY).is_some_and(|c| c.reason == reason::PAUSED)
+        });
+        Ok::<_, kube::Error>(paused.then_some(()))
+    })
+    .await;
+
+    // A rotation while paused: the hub records it, the downstream Secret stays as it was.
+    ws.source_secret("db-creds", &[("password", "two")]).await;
+    let secrets: Api<Secret> = Api::namespaced(down.clone(), &target);
+    let before = secrets.get("db-creds").await.unwrap();
+    eventually(
+        "the new deploymentID on the paused BundleDeployment",
+        WAIT,
+        || async {
+            let bd = bds.get("app").await?;
+            let applied = bd
+                .status
+                .as_ref()
+                .and_then(|s| s.applied_deployment_id.clone());
+            Ok::<_, kube::Error>(
+                (applied.as_deref() != Some(bd.spec.deployment_id.as_str())).then_some(()),
+            )
+        },
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await; // a window for a wrong apply
+    let during = secrets.get("db-creds").await.unwrap();
+    assert_eq!(secret_value(&during, "password").as_deref(), Some("one"));
+    assert_eq!(
+        during.metadata.resource_version,
+        before.metadata.resource_version
+    );
+
+    ws.bundle("app", app_bundle(&["east"], &target)).await;
+    wait_secret(
+        &down,
+        &target,
+        "db-creds",
+        "the held rotation after unpausing",
+        |s| secret_value(s, "password").as_deref() == Some("two"),
+    )
+    .await;
+    ws.ready("east", "app").await;
+}
+
+#[tokio::test]
+async fn target_namespace_overrides_and_per_target_overrides_apply() {
+    let ws = Workspace::new(shared_env(2).await, "opt-ns").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    let west = ws.agent("west", &downstream_name(2)).await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let forced = unique_name("forced");
+    let east_ns = unique_name("east-only");
+    let spec = json!({
+        // east gets its own targetNamespace; west falls through to the Bundle's.
+        "targets": [
+            {"clusterName": "east", "targetNamespace": east_ns},
+            {"clusterName": "west"}
+        ],
+        "targetNamespace": forced,
+        "downstreamResources": [{"kind": "Secret", "name": "db-creds"}],
+        "resources": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            // An explicit namespace is overridden by targetNamespace.
+            "metadata": {"name": "pinned", "namespace": "somewhere-else"},
+            "data": {"k": "v"}
+        }]
+    });
+    ws.bundle("app", spec).await;
+    for (cluster, agent, ns) in [("east", &east, &east_ns), ("west", &west, &forced)] {
+        ws.ready(cluster, "app").await;
+        let down = ws.downstream(&agent.downstream).await;
+        Api::<Secret>::namespaced(down.clone(), ns)
+            .get("db-creds")
+            .await
+            .unwrap_or_else(|e| panic!("{cluster}: copy not in {ns}: {e}"));
+        Api::<ConfigMap>::namespaced(down.clone(), ns)
+            .get("pinned")
+            .await
+            .unwrap_or_else(|e| panic!("{cluster}: manifest not in {ns}: {e}"));
+        assert!(
+            Api::<ConfigMap>::namespaced(down, "somewhere-else")
+                .get_opt("pinned")
+                .await
+                .unwrap()
+                .is_none(),
+            "{cluster}: targetNamespace must override the manifest's own namespace"
+        );
+    }
+}
