@@ -1,0 +1,45 @@
+//! The README's first command works: `tender-demo` runs the whole story on real clusters.
+
+use std::process::Command;
+
+#[test]
+fn demo_copies_deploys_and_rotates() {
+    // Three consecutive free ports for the hub's and the agents' metrics servers.
+    let base = (0..50)
+        .map(|_| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        })
+        .find(|p| {
+            *p < 65000 && (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok())
+        })
+        .expect("three free ports");
+    let out = Command::new(env!("CARGO_BIN_EXE_tender-demo"))
+        .args(["--metrics-port", &base.to_string()])
+        .output()
+        .expect("running tender-demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tender-demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        stdout.matches("copies before manifests: yes").count(),
+        2,
+        "{stdout}"
+    );
+    for cluster in ["east", "west"] {
+        assert!(
+            stdout.contains(&format!("rotation arrived at {cluster}")),
+            "{stdout}"
+        );
+    }
+    assert!(
+        stdout.contains("registry-creds                   2/2"),
+        "{stdout}"
+    );
+}
