@@ -19,8 +19,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tender_types::conditions::{self, TYPE_AGENT_CONNECTED, TYPE_READY, reason};
 use tender_types::{
-    API_GROUP, API_GROUP_VERSION, BundleDeployment, BundleSummary, Cluster, ClusterDisplay,
-    ClusterStatus, hash, labels, names,
+    API_GROUP, BundleDeployment, BundleSummary, Cluster, ClusterDisplay, ClusterStatus, hash,
+    labels, names,
 };
 
 use crate::bundle::status::{summarize, summary_reason};
@@ -443,29 +443,8 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     if cluster.status.as_ref() != Some(&status) && !written {
         let mut ours = status;
         ours.agent = None; // the agent's field: never written by the hub
-        let patch = serde_json::json!({
-            "apiVersion": API_GROUP_VERSION,
-            "kind": "Cluster",
-            "status": ours,
-        });
-        Api::<Cluster>::namespaced(ctx.client.clone(), &workspace)
-            .patch_status(
-                &name,
-                &PatchParams::apply(labels::HUB_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(kube_err(format!(
-                "write status of Cluster {workspace}/{name}"
-            )))?;
-        ctx.recent
-            .record(recent_key, live_rv, desired_key, String::new());
-        ctx.hub
-            .status_writes
-            .get_or_create(&crate::KindLabels {
-                kind: "Cluster".into(),
-            })
-            .inc();
+        ctx.apply_status::<Cluster>(&workspace, &name, &ours, (recent_key, live_rv, desired_key))
+            .await?;
     }
     Ok(recheck.map_or_else(Action::await_change, Action::requeue))
 }

@@ -89,6 +89,58 @@ pub(crate) struct Ctx {
 }
 
 impl Ctx {
+    /// The Clusters of `workspace` that are not being deleted, from the cache.
+    pub(crate) fn clusters_in(&self, workspace: &str) -> Vec<Arc<Cluster>> {
+        self.stores
+            .clusters
+            .state()
+            .into_iter()
+            .filter(|c| c.namespace().as_deref() == Some(workspace))
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .collect()
+    }
+
+    /// Server-side applies `status` to the status subresource of `K` `namespace/name` as
+    /// tender-hub, remembers it in the recent-writes memo (`memo`: key, resourceVersion before
+    /// the write, desired content key) and counts it. Callers decide first that it differs.
+    pub(crate) async fn apply_status<K>(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: &impl serde::Serialize,
+        memo: (String, Option<String>, String),
+    ) -> Result<(), crate::Error>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let kind = K::kind(&()).to_string();
+        let patch = serde_json::json!({
+            "apiVersion": tender_types::API_GROUP_VERSION,
+            "kind": kind,
+            "status": status,
+        });
+        Api::<K>::namespaced(self.client.clone(), namespace)
+            .patch_status(
+                name,
+                &kube::api::PatchParams::apply(labels::HUB_FIELD_MANAGER).force(),
+                &kube::api::Patch::Apply(&patch),
+            )
+            .await
+            .map_err(crate::kube_err(format!(
+                "write status of {kind} {namespace}/{name}"
+            )))?;
+        let (key, before, desired) = memo;
+        self.recent.record(key, before, desired, String::new());
+        self.hub
+            .status_writes
+            .get_or_create(&crate::KindLabels { kind })
+            .inc();
+        Ok(())
+    }
+
     /// The BundleDeployments in `namespace` (from the cache; index entries for objects the cache
     /// no longer holds are skipped).
     pub(crate) fn bundle_deployments_in(

@@ -7,17 +7,14 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use tender_types::cluster_group::MAX_NON_READY_CLUSTERS;
 use tender_types::conditions::{self, TYPE_READY, reason};
 use tender_types::targeting::selector_matches;
-use tender_types::{
-    API_GROUP_VERSION, ClusterGroup, ClusterGroupDisplay, ClusterGroupStatus, labels,
-};
+use tender_types::{ClusterGroup, ClusterGroupDisplay, ClusterGroupStatus};
 
+use crate::Error;
 use crate::context::Ctx;
-use crate::{Error, kube_err};
 
 const CONTROLLER: &str = "clustergroup";
 
@@ -119,14 +116,7 @@ pub fn group_status(
 pub(crate) async fn reconcile(group: Arc<ClusterGroup>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
     let ns = group.namespace().unwrap_or_default();
-    let clusters: Vec<_> = ctx
-        .stores
-        .clusters
-        .state()
-        .into_iter()
-        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|c| c.metadata.deletion_timestamp.is_none())
-        .collect();
+    let clusters = ctx.clusters_in(&ns);
     let members: Vec<Member<'_>> = clusters
         .iter()
         .map(|c| Member {
@@ -155,29 +145,8 @@ pub(crate) async fn reconcile(group: Arc<ClusterGroup>, ctx: Arc<Ctx>) -> Result
         .get(&recent_key, live_rv.as_deref(), &desired_key)
         .is_some();
     if group.status.as_ref() != Some(&status) && !written {
-        let patch = serde_json::json!({
-            "apiVersion": API_GROUP_VERSION,
-            "kind": "ClusterGroup",
-            "status": status,
-        });
-        Api::<ClusterGroup>::namespaced(ctx.client.clone(), &ns)
-            .patch_status(
-                &name,
-                &PatchParams::apply(labels::HUB_FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(kube_err(format!(
-                "write status of ClusterGroup {ns}/{name}"
-            )))?;
-        ctx.recent
-            .record(recent_key, live_rv, desired_key, String::new());
-        ctx.hub
-            .status_writes
-            .get_or_create(&crate::KindLabels {
-                kind: "ClusterGroup".into(),
-            })
-            .inc();
+        ctx.apply_status::<ClusterGroup>(&ns, &name, &status, (recent_key, live_rv, desired_key))
+            .await?;
     }
     Ok(Action::await_change())
 }

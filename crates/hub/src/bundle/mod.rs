@@ -198,14 +198,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
         sources.insert(key.clone(), state);
     }
 
-    let clusters: Vec<_> = ctx
-        .stores
-        .clusters
-        .state()
-        .into_iter()
-        .filter(|c| c.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|c| c.metadata.deletion_timestamp.is_none())
-        .collect();
+    let clusters = ctx.clusters_in(&ns);
     let views: Vec<ClusterView<'_>> = clusters
         .iter()
         .map(|c| ClusterView {
@@ -411,27 +404,8 @@ async fn write_status(
                 .await;
         }
     }
-    let patch = serde_json::json!({
-        "apiVersion": API_GROUP_VERSION,
-        "kind": "Bundle",
-        "status": new,
-    });
-    Api::<Bundle>::namespaced(ctx.client.clone(), &ns)
-        .patch_status(
-            &name,
-            &PatchParams::apply(labels::HUB_FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(kube_err(format!("write status of Bundle {ns}/{name}")))?;
-    ctx.recent
-        .record(recent_key, live_rv, desired_key, String::new());
-    ctx.hub
-        .status_writes
-        .get_or_create(&crate::KindLabels {
-            kind: "Bundle".into(),
-        })
-        .inc();
+    ctx.apply_status::<Bundle>(&ns, &name, &new, (recent_key, live_rv, desired_key))
+        .await?;
     Ok(())
 }
 
