@@ -815,3 +815,63 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
         }
     }
 }
+
+#[tokio::test]
+async fn notable_transitions_are_events_on_the_bundle_deployment() {
+    use k8s_openapi::api::events::v1::Event;
+    let ws = Workspace::new(shared_env(2).await, "agent-events").await;
+    let east = ws.agent("east", &downstream_name(1)).await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("apps");
+    ws.bundle("app", app_bundle(&["east"], &target, false))
+        .await;
+    ws.ready("east", "app").await;
+    let events: Api<Event> = Api::namespaced(ws.hub.clone(), &ws.cluster_ns("east"));
+    let reasons = || async {
+        let list = events.list(&Default::default()).await?;
+        Ok::<_, kube::Error>(
+            list.items
+                .into_iter()
+                .filter(|e| {
+                    e.regarding.as_ref().is_some_and(|r| {
+                        r.kind.as_deref() == Some("BundleDeployment")
+                            && r.name.as_deref() == Some("app")
+                    })
+                })
+                .filter_map(|e| e.reason)
+                .collect::<Vec<_>>(),
+        )
+    };
+    eventually("a Deployed event", WAIT, || async {
+        Ok::<_, kube::Error>(
+            reasons()
+                .await?
+                .iter()
+                .any(|r| r == "Deployed")
+                .then_some(()),
+        )
+    })
+    .await;
+    // Drift corrected downstream is an event too.
+    let down = ws.downstream(&east.downstream).await;
+    Api::<Secret>::namespaced(down.clone(), &target)
+        .delete("db-creds", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("a DriftCorrected event", WAIT, || async {
+        Ok::<_, kube::Error>(
+            reasons()
+                .await?
+                .iter()
+                .any(|r| r == "DriftCorrected")
+                .then_some(()),
+        )
+    })
+    .await;
+    // Steady state makes no more events: one per transition, not one per reconcile.
+    let settled = reasons().await.unwrap().len();
+    tokio::time::sleep(Duration::from_secs(5)).await; // an observation window
+    assert_eq!(reasons().await.unwrap().len(), settled);
+}
