@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -160,23 +161,24 @@ async fn accept_loop(
 }
 
 async fn forward(
-    client: TcpStream,
+    mut client: TcpStream,
     upstream: SocketAddr,
     mut open: watch::Receiver<bool>,
     counters: Arc<Counters>,
 ) {
     let _ = client.set_nodelay(true);
-    let Ok(server) = TcpStream::connect(upstream).await else {
+    let Ok(mut server) = TcpStream::connect(upstream).await else {
         return;
     };
     let _ = server.set_nodelay(true);
-    tokio::select! {
-        _ = async { tokio::join!(pump(&client, &server), pump(&server, &client)) } => {}
-        _ = open.wait_for(|open| !*open) => {
-            counters.cut.fetch_add(1, Ordering::Relaxed);
-            reset_on_close(&client);
-            reset_on_close(&server);
-        }
+    let cut = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
+        _ = open.wait_for(|open| !*open) => true,
+    };
+    if cut {
+        counters.cut.fetch_add(1, Ordering::Relaxed);
+        reset_on_close(&client);
+        reset_on_close(&server);
     }
 }
 
@@ -199,64 +201,14 @@ fn reset_on_close(stream: &TcpStream) {
     }
 }
 
-/// Copies bytes from `from` to `to` until EOF or an error, then half-closes `to`.
-/// (Readiness-based, so the crate needs no tokio `io-util` feature.)
-async fn pump(from: &TcpStream, to: &TcpStream) {
-    let mut buf = vec![0u8; 64 * 1024];
-    'read: loop {
-        if from.readable().await.is_err() {
-            break;
-        }
-        let n = match from.try_read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-            Err(_) => break,
-        };
-        let mut sent = 0;
-        while sent < n {
-            if to.writable().await.is_err() {
-                break 'read;
-            }
-            match to.try_write(&buf[sent..n]) {
-                Ok(w) => sent += w,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => break 'read,
-            }
-        }
-    }
-    use std::os::fd::AsRawFd;
-    // SAFETY: a valid open socket fd.
-    unsafe {
-        libc::shutdown(to.as_raw_fd(), libc::SHUT_WR);
-    }
-}
-
 /// Status code of one HTTP/1.1 `GET path` on a fresh connection to `addr` (probes of an
 /// in-process component's `/healthz`, `/readyz`).
 pub async fn http_status(addr: SocketAddr, path: &str) -> io::Result<u16> {
-    let stream = TcpStream::connect(addr).await?;
+    let mut stream = TcpStream::connect(addr).await?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    let mut sent = 0;
-    while sent < request.len() {
-        stream.writable().await?;
-        match stream.try_write(&request.as_bytes()[sent..]) {
-            Ok(n) => sent += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
+    stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        stream.readable().await?;
-        match stream.try_read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => response.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-            Err(e) => return Err(e),
-        }
-    }
+    stream.read_to_end(&mut response).await?;
     let response = String::from_utf8_lossy(&response);
     response
         .split_whitespace()
