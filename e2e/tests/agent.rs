@@ -16,7 +16,7 @@ use tender_e2e::fixture::{
     self, WAIT, Workspace, bytes, create_namespace, secret_value, wait_secret,
 };
 use tender_e2e::{HUB, downstream_name, eventually, shared_env, unique_name};
-use tender_types::bundle_deployment::object_state;
+use tender_types::ObjectState;
 use tender_types::conditions::{TYPE_READY, find_condition, is_true};
 use tender_types::{Cluster, labels, names};
 
@@ -273,7 +273,7 @@ async fn unmanaged_secret_is_never_touched_and_reported_as_conflict() {
             bd.status.as_ref().is_some_and(|s| {
                 s.resources
                     .iter()
-                    .any(|r| r.name == "db-creds" && r.state == object_state::CONFLICT)
+                    .any(|r| r.name == "db-creds" && r.state == ObjectState::Conflict)
             })
         }))
     })
@@ -722,11 +722,9 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
     eventually("west reports the conflict", WAIT, || async {
         let bd = west_bds.get_opt("app").await?;
         Ok::<_, kube::Error>(bd.filter(|bd| {
-            bd.status.as_ref().is_some_and(|s| {
-                s.resources
-                    .iter()
-                    .any(|r| r.state == object_state::CONFLICT)
-            })
+            bd.status
+                .as_ref()
+                .is_some_and(|s| s.resources.iter().any(|r| r.state == ObjectState::Conflict))
         }))
     })
     .await;

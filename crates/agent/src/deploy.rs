@@ -25,7 +25,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 use tender_runtime::Health;
-use tender_types::bundle_deployment::object_state;
+use tender_types::ObjectState;
 use tender_types::labels::{self, AGENT_CLEANUP_FINALIZER, AGENT_FIELD_MANAGER};
 use tender_types::{
     BundleDeployment, BundleDeploymentStatus, CopiedResource, ObjectRef, ObjectStatus, hash,
@@ -315,13 +315,13 @@ pub(crate) fn error_text(error: &kube::Error, secret: bool) -> String {
     }
 }
 
-fn object_status(key: &ObjectRef, state: &str, message: Option<String>) -> ObjectStatus {
+fn object_status(key: &ObjectRef, state: ObjectState, message: Option<String>) -> ObjectStatus {
     ObjectStatus {
         api_version: key.api_version.clone(),
         kind: key.kind.clone(),
         namespace: key.namespace.clone(),
         name: key.name.clone(),
-        state: state.to_string(),
+        state,
         message,
     }
 }
@@ -338,7 +338,7 @@ async fn plan_copy(
 ) -> Planned {
     let key = plan::key("v1", &entry.kind, Some(copies_ns), &entry.name);
     let ns = &ctx.config.cluster_namespace;
-    let fail = |msg: String| Err(object_status(&key, object_state::MISSING, Some(msg)));
+    let fail = |msg: String| Err(object_status(&key, ObjectState::Missing, Some(msg)));
     match entry.kind.as_str() {
         "Secret" => match hub_copy(
             &ctx.secrets,
@@ -364,7 +364,7 @@ async fn plan_copy(
         },
         other => Err(object_status(
             &key,
-            object_state::ERROR,
+            ObjectState::Error,
             Some(format!(
                 "kind {other} cannot be copied (only Secret and ConfigMap)"
             )),
@@ -504,7 +504,7 @@ async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
             .namespace
             .as_ref()
             .and_then(|ns| namespace_errors.get(ns))
-            .map(|msg| object_status(&d.key, object_state::ERROR, Some(msg.clone())))
+            .map(|msg| object_status(&d.key, ObjectState::Error, Some(msg.clone())))
     };
 
     for p in &copies {
@@ -518,7 +518,7 @@ async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
         outcome.copies.push(s);
     }
     let healthy =
-        |s: &ObjectStatus| s.state == object_state::READY || s.state == object_state::NOT_READY;
+        |s: &ObjectStatus| s.state == ObjectState::Ready || s.state == ObjectState::NotReady;
     let copies_in_place = outcome.copies.iter().all(healthy);
     for (i, p) in manifests.iter().enumerate() {
         let s = match (manifest_states[i].take(), p) {
@@ -526,7 +526,7 @@ async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
             (None, Err(s)) => s.clone(),
             (None, Ok(d)) if pending && !copies_in_place => object_status(
                 &d.key,
-                object_state::MISSING,
+                ObjectState::Missing,
                 Some("waiting for every copy to be in place".into()),
             ),
             (None, Ok(d)) => match ns_error(d) {
@@ -552,9 +552,9 @@ async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
         }
     }
     let blocked = outcome.copies.iter().chain(&outcome.manifests).any(|s| {
-        s.state == object_state::CONFLICT
-            || s.state == object_state::ERROR
-            || s.state == object_state::MISSING
+        s.state == ObjectState::Conflict
+            || s.state == ObjectState::Error
+            || s.state == ObjectState::Missing
     });
     write_status(ctx, bd, &outcome).await?;
     Ok(if !blocked {
@@ -562,7 +562,7 @@ async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
     } else if outcome
         .copies
         .iter()
-        .any(|s| s.state == object_state::MISSING)
+        .any(|s| s.state == ObjectState::Missing)
     {
         Action::requeue(COPY_WAIT)
     } else {
@@ -589,13 +589,13 @@ async fn plan_manifest(
         .map_err(|e| {
             object_status(
                 &key,
-                object_state::ERROR,
+                ObjectState::Error,
                 Some(format!("unknown kind downstream: {e}")),
             )
         })?;
     ctx.drift.ensure(&resource);
     plan::manifest(m, namespaced, opts, owner)
-        .map_err(|msg| object_status(&key, object_state::ERROR, Some(msg)))
+        .map_err(|msg| object_status(&key, ObjectState::Error, Some(msg)))
 }
 
 async fn ensure_namespace(ctx: &Context, ns: &str) -> std::result::Result<(), String> {
@@ -634,7 +634,7 @@ async fn sync_object(
     corrected: &mut Vec<ObjectRef>,
 ) -> ObjectStatus {
     let secret = d.key.kind == "Secret" && d.key.api_version == "v1";
-    let error = |msg: String| object_status(&d.key, object_state::ERROR, Some(msg));
+    let error = |msg: String| object_status(&d.key, ObjectState::Error, Some(msg));
     let (api, resource) = match ctx.down.api(&d.key).await {
         Ok(x) => x,
         Err(e) => return error(e.to_string()),
@@ -649,7 +649,7 @@ async fn sync_object(
             ctx.metrics.drift(false);
             return object_status(
                 &d.key,
-                object_state::MISSING,
+                ObjectState::Missing,
                 Some("deleted downstream; correctDrift is off".into()),
             );
         }
@@ -661,7 +661,7 @@ async fn sync_object(
                 Ok(adopt) => adopt,
                 Err(msg) => {
                     ctx.metrics.conflict();
-                    return object_status(&d.key, object_state::CONFLICT, Some(msg));
+                    return object_status(&d.key, ObjectState::Conflict, Some(msg));
                 }
             };
             let value = serde_json::to_value(obj).unwrap_or_default();
@@ -672,7 +672,7 @@ async fn sync_object(
                 ctx.metrics.drift(false);
                 return object_status(
                     &d.key,
-                    object_state::MODIFIED,
+                    ObjectState::Modified,
                     Some("changed downstream; correctDrift is off".into()),
                 );
             }
@@ -787,8 +787,8 @@ fn extra_data_patch(d: &Desired, existing: &Value) -> Option<Value> {
 
 fn ready_status(key: &ObjectRef, value: &Value) -> ObjectStatus {
     match plan::readiness(value) {
-        Ok(()) => object_status(key, object_state::READY, None),
-        Err(msg) => object_status(key, object_state::NOT_READY, Some(msg)),
+        Ok(()) => object_status(key, ObjectState::Ready, None),
+        Err(msg) => object_status(key, ObjectState::NotReady, Some(msg)),
     }
 }
 
@@ -853,14 +853,14 @@ async fn publish_events(
     let conflicts = |s: &BundleDeploymentStatus| {
         s.resources
             .iter()
-            .filter(|r| r.state == object_state::CONFLICT)
+            .filter(|r| r.state == ObjectState::Conflict)
             .count()
     };
     if conflicts(new) > prev.map_or(0, conflicts) {
         let what: Vec<String> = new
             .resources
             .iter()
-            .filter(|r| r.state == object_state::CONFLICT)
+            .filter(|r| r.state == ObjectState::Conflict)
             .map(|r| describe(&status::object_ref(r)))
             .collect();
         events.push((

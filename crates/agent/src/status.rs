@@ -1,7 +1,7 @@
 //! Pure computation of a BundleDeployment's status from what one reconcile found and did.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use tender_types::bundle_deployment::object_state;
+use tender_types::ObjectState;
 use tender_types::conditions::{
     TYPE_DEPLOYED, TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason, set_condition,
 };
@@ -46,10 +46,8 @@ pub fn describe(r: &ObjectRef) -> String {
     }
 }
 
-fn with_state<'a>(list: &'a [ObjectStatus], states: &[&str]) -> Vec<&'a ObjectStatus> {
-    list.iter()
-        .filter(|s| states.contains(&s.state.as_str()))
-        .collect()
+fn with_state<'a>(list: &'a [ObjectStatus], states: &[ObjectState]) -> Vec<&'a ObjectStatus> {
+    list.iter().filter(|s| states.contains(&s.state)).collect()
 }
 
 fn summarize(list: &[&ObjectStatus]) -> String {
@@ -95,13 +93,13 @@ pub fn compute(
         );
     };
 
-    let conflict_states = [object_state::CONFLICT];
-    let error_states = [object_state::ERROR, object_state::MISSING];
+    let conflict_states = [ObjectState::Conflict];
+    let error_states = [ObjectState::Error, ObjectState::Missing];
     let copy_conflicts = with_state(&o.copies, &conflict_states);
     let copy_errors: Vec<_> = o
         .copies
         .iter()
-        .filter(|s| s.state == object_state::ERROR)
+        .filter(|s| s.state == ObjectState::Error)
         .collect();
 
     // ResourcesCopied
@@ -134,7 +132,7 @@ pub fn compute(
             &summarize(&copy_errors),
         );
     } else {
-        let missing = with_state(&o.copies, &[object_state::MISSING]);
+        let missing = with_state(&o.copies, &[ObjectState::Missing]);
         if missing.is_empty() || o.applied_id.as_deref() == Some(&o.deployment_id) {
             set(
                 TYPE_RESOURCES_COPIED,
@@ -179,7 +177,7 @@ pub fn compute(
         (reason::PAUSED, "BundleDeployment is paused".to_string())
     } else if !conflicts.is_empty() {
         (reason::CONFLICT, summarize(&conflicts))
-    } else if !copy_errors.is_empty() || !with_state(&o.copies, &[object_state::MISSING]).is_empty()
+    } else if !copy_errors.is_empty() || !with_state(&o.copies, &[ObjectState::Missing]).is_empty()
     {
         (
             reason::COPY_FAILED,
@@ -196,13 +194,13 @@ pub fn compute(
     set(TYPE_DEPLOYED, applied, deployed_reason, &deployed_message);
 
     // Ready
-    let modified = with_state(&all, &[object_state::MODIFIED]);
+    let modified = with_state(&all, &[ObjectState::Modified]);
     let missing_after_apply: Vec<_> = if applied {
-        with_state(&all, &[object_state::MISSING])
+        with_state(&all, &[ObjectState::Missing])
     } else {
         Vec::new()
     };
-    let not_ready = with_state(&all, &[object_state::NOT_READY]);
+    let not_ready = with_state(&all, &[ObjectState::NotReady]);
     let (ready, ready_reason, ready_message, display) = if !applied {
         let display = match deployed_reason {
             reason::PAUSED => "Paused",
@@ -226,9 +224,9 @@ pub fn compute(
     };
     set(TYPE_READY, ready, ready_reason, &ready_message);
 
-    let refs = |states: &[&str]| -> Vec<ObjectRef> {
+    let refs = |states: &[ObjectState]| -> Vec<ObjectRef> {
         all.iter()
-            .filter(|s| states.contains(&s.state.as_str()))
+            .filter(|s| states.contains(&s.state))
             .map(object_ref)
             .collect()
     };
@@ -237,11 +235,11 @@ pub fn compute(
         observed_generation: generation,
         conditions,
         modified: if applied {
-            refs(&[object_state::MODIFIED, object_state::MISSING])
+            refs(&[ObjectState::Modified, ObjectState::Missing])
         } else {
-            refs(&[object_state::MODIFIED])
+            refs(&[ObjectState::Modified])
         },
-        non_ready: refs(&[object_state::NOT_READY]),
+        non_ready: refs(&[ObjectState::NotReady]),
         resources: all,
         display: Some(BundleDeploymentDisplay {
             state: display.to_string(),
@@ -259,13 +257,13 @@ mod tests {
         Time(Timestamp::from_second(s).unwrap())
     }
 
-    fn obj(kind: &str, name: &str, state: &str) -> ObjectStatus {
+    fn obj(kind: &str, name: &str, state: ObjectState) -> ObjectStatus {
         ObjectStatus {
             api_version: "v1".into(),
             kind: kind.into(),
             namespace: Some("apps".into()),
             name: name.into(),
-            state: state.into(),
+            state,
             message: None,
         }
     }
@@ -275,8 +273,8 @@ mod tests {
             deployment_id: "id-2".into(),
             generation: Some(3),
             applied_id: Some(if applied { "id-2" } else { "id-1" }.into()),
-            copies: vec![obj("Secret", "db", object_state::READY)],
-            manifests: vec![obj("ConfigMap", "app", object_state::READY)],
+            copies: vec![obj("Secret", "db", ObjectState::Ready)],
+            manifests: vec![obj("ConfigMap", "app", ObjectState::Ready)],
             ..Default::default()
         }
     }
@@ -304,9 +302,9 @@ mod tests {
     #[test]
     fn conflicting_copy_blocks_the_deployment() {
         let mut o = outcome(false);
-        o.copies[0].state = object_state::CONFLICT.into();
+        o.copies[0].state = ObjectState::Conflict.into();
         o.copies[0].message = Some("exists and was not created by tender".into());
-        o.manifests[0].state = object_state::MISSING.into();
+        o.manifests[0].state = ObjectState::Missing.into();
         let s = compute(None, &o, at(1));
         let rc = find_condition(&s.conditions, TYPE_RESOURCES_COPIED).unwrap();
         assert_eq!(
@@ -324,7 +322,7 @@ mod tests {
     #[test]
     fn drift_is_reported_and_corrections_stay_visible() {
         let mut o = outcome(true);
-        o.copies[0].state = object_state::MODIFIED.into();
+        o.copies[0].state = ObjectState::Modified.into();
         let s = compute(None, &o, at(1));
         let ready = find_condition(&s.conditions, TYPE_READY).unwrap();
         assert_eq!(ready.reason, reason::MODIFIED);
@@ -377,7 +375,7 @@ mod tests {
     #[test]
     fn not_ready_objects_are_listed() {
         let mut o = outcome(true);
-        o.manifests[0].state = object_state::NOT_READY.into();
+        o.manifests[0].state = ObjectState::NotReady.into();
         o.manifests[0].message = Some("0/1 replicas available".into());
         let s = compute(None, &o, at(1));
         assert_eq!(s.non_ready.len(), 1);

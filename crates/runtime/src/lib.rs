@@ -3,7 +3,8 @@
 //! client construction (with every apiserver request counted), Lease-based leader election
 //! and the shutdown signal.
 //!
-//! Nothing here knows about tender's own resources; controllers live in the hub and agent.
+//! Nothing here knows about tender's own resources; controllers live in the hub and agent,
+//! and hand what they decided to the one [`Executor`] as a list of [`Op`]s.
 //!
 //! A binary wires it up like this:
 //!
@@ -35,8 +36,10 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod executor;
 pub mod leader;
 pub mod metrics;
+pub mod reconcile;
 pub mod server;
 pub mod telemetry;
 
@@ -45,10 +48,12 @@ mod signal;
 
 pub use client::client;
 pub use error::Error;
+pub use executor::{Executor, ObjectKey, Op};
 pub use leader::LeaderElection;
 pub use metrics::Metrics;
 /// Re-exported so binaries register extra families against the exact version used here.
 pub use prometheus_client;
+pub use reconcile::ReconcileError;
 pub use server::{Health, serve};
 pub use signal::shutdown_signal;
 pub use telemetry::LogFormat;

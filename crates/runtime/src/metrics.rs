@@ -39,6 +39,15 @@ pub struct KubeRequestLabels {
     pub subresource: String,
 }
 
+/// Labels of `object_writes_total` and `object_writes_skipped_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WriteLabels {
+    /// What the executor did: apply, status, patch, delete, recreate.
+    pub verb: String,
+    /// Kind of the object written.
+    pub kind: String,
+}
+
 /// Prometheus registry plus the families shared by hub and agent.
 ///
 /// Build it, register binary-specific families through [`Metrics::registry_mut`], then wrap it
@@ -51,6 +60,8 @@ pub struct Metrics {
     reconcile_errors: Family<ErrorLabels, Counter>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
     kube_requests: Family<KubeRequestLabels, Counter>,
+    object_writes: Family<WriteLabels, Counter>,
+    object_writes_skipped: Family<WriteLabels, Counter>,
 }
 
 /// Buckets for reconcile durations: 5 ms to about 10 s, which spans a cache-only no-op
@@ -75,6 +86,8 @@ impl Metrics {
             duration_histogram as fn() -> Histogram,
         );
         let kube_requests = Family::<KubeRequestLabels, Counter>::default();
+        let object_writes = Family::<WriteLabels, Counter>::default();
+        let object_writes_skipped = Family::<WriteLabels, Counter>::default();
 
         // Counter names get `_total` appended by the encoder.
         registry.register("reconciles", "Reconciliations started", reconciles.clone());
@@ -94,6 +107,16 @@ impl Metrics {
             "Requests sent to the Kubernetes apiserver, by verb and resource",
             kube_requests.clone(),
         );
+        registry.register(
+            "tender_object_writes",
+            "Writes the executor made, by verb (apply, status, patch, delete, recreate) and kind",
+            object_writes.clone(),
+        );
+        registry.register(
+            "tender_object_writes_skipped",
+            "Writes the executor skipped because it had just made the same one",
+            object_writes_skipped.clone(),
+        );
 
         Self {
             registry,
@@ -101,6 +124,8 @@ impl Metrics {
             reconcile_errors,
             reconcile_duration,
             kube_requests,
+            object_writes,
+            object_writes_skipped,
         }
     }
 
@@ -156,6 +181,36 @@ impl Metrics {
                 verb: verb.to_owned(),
                 resource: resource.to_owned(),
                 subresource: subresource.to_owned(),
+            })
+            .map_or(0, |counter| counter.get())
+    }
+
+    /// Counts one write the executor made.
+    pub fn object_write(&self, verb: &str, kind: &str) {
+        self.object_writes
+            .get_or_create(&WriteLabels {
+                verb: verb.to_owned(),
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts one write the executor skipped (the memo said it was just made).
+    pub fn object_write_skipped(&self, verb: &str, kind: &str) {
+        self.object_writes_skipped
+            .get_or_create(&WriteLabels {
+                verb: verb.to_owned(),
+                kind: kind.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Current value of `tender_object_writes_total` for `verb` and `kind` (0 if never seen).
+    pub fn object_writes(&self, verb: &str, kind: &str) -> u64 {
+        self.object_writes
+            .get(&WriteLabels {
+                verb: verb.to_owned(),
+                kind: kind.to_owned(),
             })
             .map_or(0, |counter| counter.get())
     }

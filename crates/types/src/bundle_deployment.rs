@@ -8,20 +8,60 @@ use serde::{Deserialize, Serialize};
 use crate::bundle::Manifest;
 use crate::schema::{conditions_list_map, kind_name_list_map};
 
-/// Values of [`ObjectStatus::state`].
-pub mod object_state {
+/// What the agent found or did for one downstream object ([`ObjectStatus::state`]).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+pub enum ObjectState {
     /// The object is applied and ready.
-    pub const READY: &str = "Ready";
+    Ready,
     /// The object is applied but not ready yet.
-    pub const NOT_READY: &str = "NotReady";
+    NotReady,
     /// The object should exist downstream but does not.
-    pub const MISSING: &str = "Missing";
+    #[default]
+    Missing,
     /// The object was changed downstream (drift).
-    pub const MODIFIED: &str = "Modified";
+    Modified,
     /// The object exists and belongs to someone else (another BundleDeployment or no tender at all).
-    pub const CONFLICT: &str = "Conflict";
+    Conflict,
     /// Applying the object failed; see the message.
-    pub const ERROR: &str = "Error";
+    Error,
+}
+
+impl ObjectState {
+    /// The state as written in status (`Ready`, `NotReady`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ready => "Ready",
+            Self::NotReady => "NotReady",
+            Self::Missing => "Missing",
+            Self::Modified => "Modified",
+            Self::Conflict => "Conflict",
+            Self::Error => "Error",
+        }
+    }
+
+    /// Applied downstream (ready or on its way): nothing blocks what depends on it.
+    pub fn is_in_place(self) -> bool {
+        matches!(self, Self::Ready | Self::NotReady)
+    }
+}
+
+impl std::fmt::Display for ObjectState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// One Bundle resolved for one cluster. Written only by the hub, in the cluster's namespace.
@@ -178,7 +218,7 @@ pub struct ObjectStatus {
     /// Name of the object.
     pub name: String,
     /// Ready, NotReady, Missing, Modified, Conflict or Error.
-    pub state: String,
+    pub state: ObjectState,
     /// Why the object is not Ready; never contains Secret data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

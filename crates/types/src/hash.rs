@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::bundle::Manifest;
 use crate::bundle_deployment::BundleDeploymentOptions;
-use crate::labels::is_copied_metadata_key;
+use crate::copy::{copied_metadata, secret_data};
 
 /// Lowercase hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
@@ -69,28 +69,13 @@ pub fn value_hash(value: &Value) -> String {
     sha256_hex(canonical_json(value).as_bytes())
 }
 
-fn copied_metadata(map: Option<&BTreeMap<String, String>>) -> BTreeMap<&str, &str> {
-    map.into_iter()
-        .flatten()
-        .filter(|(k, _)| is_copied_metadata_key(k))
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect()
-}
-
 /// Content hash of a Secret: data (with `stringData` folded in as the apiserver would), type
 /// (unset means `Opaque`), immutable, and the labels and annotations copied with it.
 pub fn secret_hash(secret: &Secret) -> String {
-    let mut data: BTreeMap<&str, &[u8]> = secret
-        .data
-        .iter()
-        .flatten()
-        .map(|(k, v)| (k.as_str(), v.0.as_slice()))
+    let data: BTreeMap<String, String> = secret_data(secret)
+        .into_iter()
+        .map(|(k, v)| (k, hex::encode(v.0)))
         .collect();
-    // stringData wins over data, as on write to the apiserver.
-    for (k, v) in secret.string_data.iter().flatten() {
-        data.insert(k, v.as_bytes());
-    }
-    let data: BTreeMap<&str, String> = data.into_iter().map(|(k, v)| (k, hex::encode(v))).collect();
     value_hash(&json!({
         "kind": "Secret",
         "type": secret.type_.as_deref().unwrap_or("Opaque"),

@@ -9,6 +9,7 @@ pub mod bundle_deployment;
 pub mod cluster;
 pub mod cluster_group;
 pub mod conditions;
+pub mod copy;
 pub mod gate;
 pub mod hash;
 pub mod labels;
@@ -24,7 +25,7 @@ pub use bundle::{
 };
 pub use bundle_deployment::{
     BundleDeployment, BundleDeploymentDisplay, BundleDeploymentOptions, BundleDeploymentSpec,
-    BundleDeploymentStatus, CopiedResource, ObjectRef, ObjectStatus,
+    BundleDeploymentStatus, CopiedResource, ObjectRef, ObjectState, ObjectStatus,
 };
 pub use cluster::{AgentStatus, Cluster, ClusterDisplay, ClusterSpec, ClusterStatus};
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
