@@ -9,7 +9,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use base64::Engine;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde::{Deserialize, Serialize};
 
@@ -144,13 +143,15 @@ pub fn kubeconfig_yaml(
     user: &str,
     token: &str,
 ) -> String {
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
-         users:\n- name: {user}\n  user:\n    token: {token}\n\
-         contexts:\n- name: {cluster}\n  context:\n    cluster: {cluster}\n    user: {user}\n\
-         current-context: {cluster}\n"
-    )
+    tender_runtime::kubeconfig::TokenKubeconfig {
+        name: cluster,
+        server,
+        ca_pem: ca_pem.as_bytes(),
+        user,
+        token,
+        namespace: None,
+    }
+    .to_yaml()
 }
 
 impl TestEnv {

@@ -162,14 +162,15 @@ pub async fn register(
 
 /// A kubeconfig for the agent with a bearer token.
 pub fn hub_kubeconfig(server: &str, ca_pem: &[u8], token: &str, namespace: &str) -> String {
-    use base64::Engine;
-    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem);
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: hub\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
-         users:\n- name: tender-agent\n  user:\n    token: {token}\n\
-         contexts:\n- name: hub\n  context:\n    cluster: hub\n    user: tender-agent\n    namespace: {namespace}\n\
-         current-context: hub\n"
-    )
+    tender_runtime::kubeconfig::TokenKubeconfig {
+        name: "hub",
+        server,
+        ca_pem,
+        user: "tender-agent",
+        token,
+        namespace: Some(namespace),
+    }
+    .to_yaml()
 }
 
 /// The downstream install manifests for an agent: namespace, identity, RBAC, the hub

@@ -9,14 +9,15 @@ use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
-use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tender_runtime::executor::{Apply, ObjectKey, Op, body_of};
 use tender_types::conditions::{self, TYPE_AGENT_CONNECTED, TYPE_READY, reason};
 use tender_types::{
     API_GROUP, BundleDeployment, BundleSummary, Cluster, ClusterDisplay, ClusterStatus, hash,
@@ -24,7 +25,7 @@ use tender_types::{
 };
 
 use crate::bundle::status::{summarize, summary_reason};
-use crate::context::Ctx;
+use crate::context::{Ctx, status_op};
 use crate::{Error, kube_err};
 
 const CONTROLLER: &str = "cluster";
@@ -273,7 +274,7 @@ pub fn cluster_status(
     (status, recheck)
 }
 
-/// Key of a status in the recent-writes memo: its content without condition transition times.
+/// Key of a status in the executor's write memo: its content without condition transition times.
 /// A reconcile that runs before the cache has our last status write sees no conditions and
 /// stamps new ones with the current time; that is the status already written, not a new one
 /// (without this, most provisioned Clusters got their first status written twice).
@@ -316,45 +317,112 @@ pub(crate) fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<Ctx>) 
     Action::requeue(Duration::from_secs(5))
 }
 
-/// Applies `obj` unless the live object already carries the content hash of exactly this
-/// desired state (one metadata read instead of a write).
-async fn ensure<K>(api: &Api<K>, mut obj: K) -> Result<bool, Error>
+/// One object of [`agent_access`] to apply, annotated with the hash of its content.
+struct Provisioned {
+    key: ObjectKey,
+    body: Value,
+    hash: String,
+}
+
+fn provisioned<K>(mut obj: K) -> Provisioned
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Serialize,
 {
-    let name = obj.meta().name.clone().unwrap_or_default();
-    let kind = std::any::type_name::<K>()
-        .rsplit("::")
-        .next()
-        .unwrap_or("object");
-    let desired = hash::value_hash(&serde_json::to_value(&obj).unwrap_or_default());
+    let hash = hash::value_hash(&serde_json::to_value(&obj).unwrap_or_default());
     obj.meta_mut()
         .annotations
         .get_or_insert_with(BTreeMap::new)
-        .insert(labels::CONTENT_HASH.to_string(), desired.clone());
-    let live = api
-        .get_metadata_opt(&name)
-        .await
-        .map_err(kube_err(format!("read {kind} {name}")))?;
-    if live.is_some_and(|m| m.annotations().get(labels::CONTENT_HASH) == Some(&desired)) {
-        return Ok(false);
+        .insert(labels::CONTENT_HASH.to_string(), hash.clone());
+    let meta = obj.meta();
+    Provisioned {
+        key: ObjectKey::of::<K>(
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        ),
+        body: body_of(&obj),
+        hash,
     }
-    api.patch(
-        &name,
-        &PatchParams::apply(labels::HUB_FIELD_MANAGER).force(),
-        &Patch::Apply(&obj),
-    )
-    .await
-    .map_err(kube_err(format!("apply {kind} {name}")))?;
-    Ok(true)
+}
+
+/// Every object of the agent's access, in creation order (namespace first).
+fn access_objects(access: AgentAccess) -> Vec<Provisioned> {
+    vec![
+        provisioned(access.namespace),
+        provisioned(access.service_account),
+        provisioned(access.token),
+        provisioned(access.role),
+        provisioned(access.role_binding),
+        provisioned(access.workspace_role),
+        provisioned(access.workspace_role_binding),
+    ]
+}
+
+/// Applies for the objects whose live content hash (`live[i]`, `None` when absent) differs
+/// from the desired one. Pure.
+fn provision_ops(objects: Vec<Provisioned>, live: &[Option<String>]) -> Vec<Op> {
+    objects
+        .into_iter()
+        .zip(live)
+        .filter(|(o, live)| live.as_deref() != Some(o.hash.as_str()))
+        .map(|(o, _)| {
+            Op::Apply(Apply {
+                key: o.key,
+                body: o.body,
+                replace_if_immutable: false,
+                fingerprint: None,
+            })
+        })
+        .collect()
+}
+
+/// What the hub removes when a Cluster goes, in order: the agent's finalizer on each of the
+/// cluster's BundleDeployments (nobody else would remove it), the namespace (and with it
+/// BundleDeployments and copies), then the workspace RBAC. Pure.
+fn cleanup_ops(workspace: &str, cluster: &str, bds: &[BundleDeployment]) -> Vec<Op> {
+    let ns = names::cluster_namespace(workspace, cluster);
+    let mut ops: Vec<Op> = bds
+        .iter()
+        .filter(|bd| {
+            bd.finalizers()
+                .iter()
+                .any(|f| f == labels::AGENT_CLEANUP_FINALIZER)
+        })
+        .map(|bd| {
+            let kept: Vec<&String> = bd
+                .finalizers()
+                .iter()
+                .filter(|f| *f != labels::AGENT_CLEANUP_FINALIZER)
+                .collect();
+            // resourceVersion makes this a compare-and-swap: a concurrent change fails and retries.
+            Op::MergePatch {
+                key: ObjectKey::of::<BundleDeployment>(Some(&ns), &bd.name_any()),
+                patch: serde_json::json!({
+                    "metadata": {"finalizers": kept, "resourceVersion": bd.resource_version()}
+                }),
+            }
+        })
+        .collect();
+    let role = names::agent_workspace_role(cluster);
+    ops.push(Op::Delete {
+        key: ObjectKey::of::<Namespace>(None, &ns),
+        uid: None,
+    });
+    ops.push(Op::Delete {
+        key: ObjectKey::of::<RoleBinding>(Some(workspace), &role),
+        uid: None,
+    });
+    ops.push(Op::Delete {
+        key: ObjectKey::of::<Role>(Some(workspace), &role),
+        uid: None,
+    });
+    ops
 }
 
 async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let uid = cluster.uid().unwrap_or_default();
-    let access = agent_access(&workspace, &name);
-    let ns_name = access.namespace.name_any();
+    let ns_name = names::cluster_namespace(&workspace, &name);
     let key = (workspace.clone(), name.clone());
     let ns_cached = ctx
         .stores
@@ -364,26 +432,24 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
     if ns_cached && ctx.provisioned.lock().expect("lock").get(&key) == Some(&uid) {
         return Ok(());
     }
-    let (client, ns) = (ctx.client.clone(), ns_name.clone());
-    let mut wrote = ensure(&Api::<Namespace>::all(client.clone()), access.namespace).await?;
-    wrote |= ensure(
-        &Api::namespaced(client.clone(), &ns),
-        access.service_account,
-    )
-    .await?;
-    wrote |= ensure(&Api::namespaced(client.clone(), &ns), access.token).await?;
-    wrote |= ensure(&Api::namespaced(client.clone(), &ns), access.role).await?;
-    wrote |= ensure(&Api::namespaced(client.clone(), &ns), access.role_binding).await?;
-    wrote |= ensure(
-        &Api::namespaced(client.clone(), &workspace),
-        access.workspace_role,
-    )
-    .await?;
-    wrote |= ensure(
-        &Api::namespaced(client.clone(), &workspace),
-        access.workspace_role_binding,
-    )
-    .await?;
+    // Observe: each object's content-hash annotation (one metadata read per object, once per
+    // Cluster per process).
+    let objects = access_objects(agent_access(&workspace, &name));
+    let mut live = Vec::with_capacity(objects.len());
+    for o in &objects {
+        let api: Api<DynamicObject> = match &o.key.namespace {
+            Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &o.key.resource),
+            None => Api::all_with(ctx.client.clone(), &o.key.resource),
+        };
+        let meta = api
+            .get_metadata_opt(&o.key.name)
+            .await
+            .map_err(kube_err(format!("read {}", o.key)))?;
+        live.push(meta.and_then(|m| m.annotations().get(labels::CONTENT_HASH).cloned()));
+    }
+    let ops = provision_ops(objects, &live);
+    let wrote = !ops.is_empty();
+    ctx.exec.execute_in_order(ops).await?;
     ctx.provisioned.lock().expect("lock").insert(key, uid);
     if wrote {
         ctx.event(
@@ -433,32 +499,23 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         Timestamp::now(),
         ctx.config.agent_offline_after,
     );
-    let recent_key = format!("status/Cluster/{workspace}/{name}");
-    let desired_key = status_key(&status);
-    let live_rv = cluster.resource_version();
-    let written = ctx
-        .recent
-        .get(&recent_key, live_rv.as_deref(), &desired_key)
-        .is_some();
-    if cluster.status.as_ref() != Some(&status) && !written {
-        let mut ours = status;
-        ours.agent = None; // the agent's field: never written by the hub
-        ctx.apply_status::<Cluster>(&workspace, &name, &ours, (recent_key, live_rv, desired_key))
-            .await?;
-    }
+    let desired = status_key(&status);
+    let changed = cluster.status.as_ref() != Some(&status);
+    let mut ours = status;
+    ours.agent = None; // the agent's field: never written by the hub
+    let op = status_op::<Cluster, _>(
+        &workspace,
+        &name,
+        cluster.resource_version(),
+        (!changed).then_some(&ours),
+        &ours,
+        desired,
+    );
+    ctx.write_status(op).await?;
     Ok(recheck.map_or_else(Action::await_change, Action::requeue))
 }
 
-fn ignore_not_found<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
-    match result {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// Works without an agent: strips the agent's finalizers (nobody would remove them), then
-/// deletes the namespace (and with it BundleDeployments and copies) and the workspace RBAC.
+/// Works without an agent: see [`cleanup_ops`].
 async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
@@ -467,62 +524,16 @@ async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         .lock()
         .expect("lock")
         .remove(&(workspace.clone(), name.clone()));
+    // Read fresh, not from the cache: a finalizer added a moment ago must not be missed.
     let bds: Api<BundleDeployment> = Api::namespaced(ctx.client.clone(), &ns_name);
     let list = match bds.list(&ListParams::default()).await {
         Ok(list) => list.items,
-        Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+        Err(e) if tender_runtime::reconcile::is_not_found(&e) => Vec::new(),
         Err(e) => return Err(kube_err(format!("list BundleDeployments in {ns_name}"))(e)),
     };
-    for bd in list {
-        if !bd
-            .finalizers()
-            .iter()
-            .any(|f| f == labels::AGENT_CLEANUP_FINALIZER)
-        {
-            continue;
-        }
-        let kept: Vec<&String> = bd
-            .finalizers()
-            .iter()
-            .filter(|f| *f != labels::AGENT_CLEANUP_FINALIZER)
-            .collect();
-        // resourceVersion makes this a compare-and-swap: a concurrent change fails and retries.
-        let patch = serde_json::json!({
-            "metadata": {"finalizers": kept, "resourceVersion": bd.resource_version()}
-        });
-        ignore_not_found(
-            bds.patch(
-                &bd.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await,
-        )
-        .map_err(kube_err(format!(
-            "remove the agent finalizer from BundleDeployment {ns_name}/{}",
-            bd.name_any()
-        )))?;
-    }
-    let dp = DeleteParams::background();
-    ignore_not_found(
-        Api::<Namespace>::all(ctx.client.clone())
-            .delete(&ns_name, &dp)
-            .await,
-    )
-    .map_err(kube_err(format!("delete namespace {ns_name}")))?;
-    let role = names::agent_workspace_role(&name);
-    ignore_not_found(
-        Api::<RoleBinding>::namespaced(ctx.client.clone(), &workspace)
-            .delete(&role, &dp)
-            .await,
-    )
-    .map_err(kube_err(format!("delete RoleBinding {workspace}/{role}")))?;
-    ignore_not_found(
-        Api::<Role>::namespaced(ctx.client.clone(), &workspace)
-            .delete(&role, &dp)
-            .await,
-    )
-    .map_err(kube_err(format!("delete Role {workspace}/{role}")))?;
+    ctx.exec
+        .execute_in_order(cleanup_ops(&workspace, &name, &list))
+        .await?;
     tracing::info!(cluster = %name, namespace = %ns_name, "cluster deleted: namespace and agent access removed");
     Ok(Action::await_change())
 }

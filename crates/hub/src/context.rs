@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ObjectReference, Secret};
 use kube::api::{Api, PartialObjectMeta};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use tender_runtime::Metrics;
-use tender_types::{BundleDeployment, Cluster, ClusterGroup, labels, names};
+use tender_runtime::executor::{Apply, EventOp, Executor, Fingerprint, ObjectKey, Op};
+use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, labels, names};
 
 use crate::sources::{SourceId, SourceIndex};
 use crate::{HubConfig, HubMetrics};
@@ -57,6 +58,7 @@ impl Scope {
 /// The caches of one scope (all filled before any controller starts).
 #[derive(Clone)]
 pub(crate) struct Stores {
+    pub bundles: Store<Bundle>,
     pub clusters: Store<Cluster>,
     pub groups: Store<ClusterGroup>,
     pub bundle_deployments: Store<BundleDeployment>,
@@ -74,18 +76,51 @@ pub(crate) struct Ctx {
     pub config: Arc<HubConfig>,
     pub metrics: Arc<Metrics>,
     pub hub: HubMetrics,
-    pub recorder: Recorder,
+    /// Carries out every write (apply, delete, status, events) and remembers recent ones.
+    pub exec: Executor,
     pub stores: Stores,
     pub sources: SourceIndex,
     /// Content hash of a source at a resourceVersion, so an unchanged source is not re-read.
     pub source_hashes: Mutex<HashMap<SourceId, (String, String)>>,
     /// Clusters (workspace, name) whose namespace and RBAC this process has verified, by uid.
     pub provisioned: Mutex<HashMap<(String, String), String>>,
-    /// Writes whose watch event has not reached the caches yet.
-    pub recent: RecentWrites,
     /// BundleDeployment names by cluster namespace, kept by the BundleDeployment feed, so a
     /// Cluster's summary reads its own few objects instead of scanning them all.
     pub bd_names: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
+}
+
+/// The status write of `K` `namespace/name` (server-side apply of `new` to the status
+/// subresource), or none when `new` equals the cached `old`. `desired` keys the content in the
+/// executor's memo; `live_version` is the cached object's resourceVersion.
+pub(crate) fn status_op<K, S>(
+    namespace: &str,
+    name: &str,
+    live_version: Option<String>,
+    old: Option<&S>,
+    new: &S,
+    desired: String,
+) -> Option<Op>
+where
+    K: Resource<DynamicType = ()>,
+    S: serde::Serialize + PartialEq,
+{
+    if old == Some(new) {
+        return None;
+    }
+    let body = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": new,
+    });
+    Some(Op::ApplyStatus(Apply {
+        key: ObjectKey::of::<K>(Some(namespace), name),
+        body,
+        replace_if_immutable: false,
+        fingerprint: Some(Fingerprint {
+            live_version,
+            desired,
+        }),
+    }))
 }
 
 impl Ctx {
@@ -100,45 +135,29 @@ impl Ctx {
             .collect()
     }
 
-    /// Server-side applies `status` to the status subresource of `K` `namespace/name` as
-    /// tender-hub, remembers it in the recent-writes memo (`memo`: key, resourceVersion before
-    /// the write, desired content key) and counts it. Callers decide first that it differs.
-    pub(crate) async fn apply_status<K>(
-        &self,
-        namespace: &str,
-        name: &str,
-        status: &impl serde::Serialize,
-        memo: (String, Option<String>, String),
-    ) -> Result<(), crate::Error>
-    where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
-        let kind = K::kind(&()).to_string();
-        let patch = serde_json::json!({
-            "apiVersion": tender_types::API_GROUP_VERSION,
-            "kind": kind,
-            "status": status,
-        });
-        Api::<K>::namespaced(self.client.clone(), namespace)
-            .patch_status(
-                name,
-                &kube::api::PatchParams::apply(labels::HUB_FIELD_MANAGER).force(),
-                &kube::api::Patch::Apply(&patch),
-            )
-            .await
-            .map_err(crate::kube_err(format!(
-                "write status of {kind} {namespace}/{name}"
-            )))?;
-        let (key, before, desired) = memo;
-        self.recent.record(key, before, desired, String::new());
-        self.hub
-            .status_writes
-            .get_or_create(&crate::KindLabels { kind })
-            .inc();
+    /// Carries out a status write from [`status_op`] (none: nothing changed) and counts it.
+    pub(crate) async fn write_status(&self, op: Option<Op>) -> Result<(), crate::Error> {
+        let Some(op) = op else { return Ok(()) };
+        let kind = op.key().map(|k| k.kind().to_string()).unwrap_or_default();
+        if self.exec.execute(op).await?.wrote {
+            self.hub
+                .status_writes
+                .get_or_create(&crate::KindLabels { kind })
+                .inc();
+        }
         Ok(())
+    }
+
+    /// Whether the executor just wrote this status (its watch event is still on the way).
+    pub(crate) fn status_just_written(&self, op: &Op) -> bool {
+        match op {
+            Op::ApplyStatus(Apply {
+                key,
+                fingerprint: Some(fp),
+                ..
+            }) => self.exec.memo().written(key, fp).is_some(),
+            _ => false,
+        }
     }
 
     /// The BundleDeployments in `namespace` (from the cache; index entries for objects the cache
@@ -165,46 +184,6 @@ impl Ctx {
     }
 }
 
-/// Remembers what the hub last wrote to an object, and the resourceVersion the cache held
-/// before that write. Until the cache moves past that version, a reconcile reading the cache
-/// would see the old object and write the same content again; this tells it not to. Once the
-/// cache has the written object (or somebody else's change), the cache decides again.
-#[derive(Debug, Default)]
-pub(crate) struct RecentWrites(Mutex<HashMap<String, Recent>>);
-
-#[derive(Debug, Clone)]
-struct Recent {
-    before: Option<String>,
-    desired: String,
-    uid: String,
-}
-
-impl RecentWrites {
-    /// The uid written, if `desired` was written to `key` while the cache still holds `live_rv`.
-    pub(crate) fn get(&self, key: &str, live_rv: Option<&str>, desired: &str) -> Option<String> {
-        let map = self.0.lock().expect("recent writes lock");
-        let r = map.get(key)?;
-        (r.before.as_deref() == live_rv && r.desired == desired).then(|| r.uid.clone())
-    }
-
-    /// Forgets `key` once its watch event has reached the cache (the cache decides again).
-    pub(crate) fn forget(&self, key: &str) {
-        self.0.lock().expect("recent writes lock").remove(key);
-    }
-
-    /// Records a write of `desired` (creating `uid`) over the cached version `before`.
-    pub(crate) fn record(&self, key: String, before: Option<String>, desired: String, uid: String) {
-        self.0.lock().expect("recent writes lock").insert(
-            key,
-            Recent {
-                before,
-                desired,
-                uid,
-            },
-        );
-    }
-}
-
 impl Ctx {
     /// Publishes a Kubernetes Event; failures are logged, never fatal.
     pub(crate) async fn event(
@@ -215,16 +194,15 @@ impl Ctx {
         action: &str,
         note: String,
     ) {
-        let event = Event {
+        let op = Op::Event(EventOp {
+            regarding: regarding.clone(),
             type_,
             reason: reason.to_string(),
-            note: Some(note),
             action: action.to_string(),
-            secondary: None,
-        };
-        if let Err(error) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(%error, reason, object = ?regarding.name, "cannot publish event");
-        }
+            note,
+        });
+        // Events never fail: the executor logs a publishing error.
+        let _ = self.exec.execute(op).await;
     }
 
     /// The Cluster whose namespace on the hub is `namespace`, if any.

@@ -14,7 +14,7 @@ use tender_types::targeting::selector_matches;
 use tender_types::{ClusterGroup, ClusterGroupDisplay, ClusterGroupStatus};
 
 use crate::Error;
-use crate::context::Ctx;
+use crate::context::{Ctx, status_op};
 
 const CONTROLLER: &str = "clustergroup";
 
@@ -135,19 +135,17 @@ pub(crate) async fn reconcile(group: Arc<ClusterGroup>, ctx: Arc<Ctx>) -> Result
         group.metadata.generation,
         Time(Timestamp::now()),
     );
-    let name = group.name_any();
-    let recent_key = format!("status/ClusterGroup/{ns}/{name}");
-    let desired_key =
+    let desired =
         tender_types::hash::value_hash(&serde_json::to_value(&status).unwrap_or_default());
-    let live_rv = group.resource_version();
-    let written = ctx
-        .recent
-        .get(&recent_key, live_rv.as_deref(), &desired_key)
-        .is_some();
-    if group.status.as_ref() != Some(&status) && !written {
-        ctx.apply_status::<ClusterGroup>(&ns, &name, &status, (recent_key, live_rv, desired_key))
-            .await?;
-    }
+    let op = status_op::<ClusterGroup, _>(
+        &ns,
+        &group.name_any(),
+        group.resource_version(),
+        group.status.as_ref(),
+        &status,
+        desired,
+    );
+    ctx.write_status(op).await?;
     Ok(Action::await_change())
 }
 

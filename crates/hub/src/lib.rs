@@ -14,10 +14,12 @@
 #![warn(missing_docs)]
 
 pub mod bundle;
+mod caches;
 pub mod cluster;
 mod context;
 pub mod group;
 pub mod sources;
+mod triggers;
 mod watch;
 
 use std::future::Future;
@@ -164,64 +166,12 @@ impl HubMetrics {
     }
 }
 
-/// Why the hub or one reconciliation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// An apiserver request failed.
-    #[error("cannot {action}: {source}")]
-    Kube {
-        /// What was being done, naming the object.
-        action: String,
-        /// The apiserver's answer.
-        #[source]
-        source: kube::Error,
-    },
-    /// Adding or removing a finalizer failed, or the reconcile inside it did.
-    #[error("{object}: {source}")]
-    Finalizer {
-        /// The object, as `Kind namespace/name`.
-        object: String,
-        /// What failed.
-        #[source]
-        source: Box<kube::runtime::finalizer::Error<Error>>,
-    },
-    /// A cache never synced (the watch kept failing).
-    #[error("cache of {0} did not sync: its watch was dropped")]
-    CacheSync(&'static str),
-}
+/// Why the hub or one reconciliation failed: the vocabulary shared with the agent.
+pub use tender_runtime::ReconcileError as Error;
 
-impl Error {
-    /// Stable CamelCase reason for `reconcile_errors_total`.
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Error::Kube { source, .. } => kube_reason(source),
-            Error::Finalizer { source, .. } => match source.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(e)
-                | kube::runtime::finalizer::Error::CleanupFailed(e) => e.reason(),
-                _ => "FinalizerFailed",
-            },
-            Error::CacheSync(_) => "CacheSync",
-        }
-    }
-}
-
-fn kube_reason(error: &kube::Error) -> &'static str {
-    match error {
-        kube::Error::Api(s) if s.code == 409 => "Conflict",
-        kube::Error::Api(s) if s.code == 403 => "Forbidden",
-        kube::Error::Api(s) if s.code == 404 => "NotFound",
-        kube::Error::Api(s) if s.code == 422 => "Invalid",
-        kube::Error::Api(_) => "ApiError",
-        _ => "RequestFailed",
-    }
-}
-
-/// Maps a kube error into [`Error::Kube`] describing `action`.
+/// Maps a kube error (not about a Secret's content) into [`Error::Kube`] describing `action`.
 pub(crate) fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    move |source| Error::Kube {
-        action: action.into(),
-        source,
-    }
+    move |source| Error::kube(action, false, source)
 }
 
 /// Runs the hub until `shutdown` resolves (or a controller stops).

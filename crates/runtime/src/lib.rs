@@ -37,6 +37,7 @@
 
 pub mod client;
 pub mod executor;
+pub mod kubeconfig;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;

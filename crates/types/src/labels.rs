@@ -32,8 +32,6 @@ pub const BUNDLE_DEPLOYMENT: &str = "tender.dev/bundle-deployment";
 pub const OWNER_ANNOTATION: &str = "tender.dev/owner";
 /// Annotation: content hash of what tender last wrote (see [`crate::hash`]); equal hash, no write.
 pub const CONTENT_HASH: &str = "tender.dev/content-hash";
-/// Annotation: deploymentID that last wrote the object.
-pub const DEPLOYMENT_ID: &str = "tender.dev/deployment-id";
 /// Annotation `"true"` on a downstream object: leave it in place when it is no longer deployed.
 pub const KEEP_RESOURCES: &str = "tender.dev/keep-resources";
 /// Annotation on copies: the source, `<namespace>/<name>` (the kind is the copy's own kind).
@@ -139,7 +137,6 @@ mod tests {
             BUNDLE_DEPLOYMENT,
             OWNER_ANNOTATION,
             CONTENT_HASH,
-            DEPLOYMENT_ID,
             KEEP_RESOURCES,
             COPY_OF,
             INVENTORY,

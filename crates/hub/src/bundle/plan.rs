@@ -72,8 +72,6 @@ pub struct Plan {
     pub matched: Vec<String>,
     /// One entry per matched cluster whose namespace is provisioned.
     pub deployments: Vec<DesiredDeployment>,
-    /// Matched clusters still waiting for their namespace.
-    pub waiting_for_namespace: Vec<String>,
     /// Missing sources that a matched cluster needs, as `Kind/name`.
     pub missing: BTreeSet<String>,
     /// Entries with a kind tender cannot copy, as `Kind/name`.
@@ -129,8 +127,8 @@ pub fn plan(
     for m in matches {
         let cluster = by_name[m.cluster.as_str()];
         plan.matched.push(m.cluster.clone());
+        // Still waiting for its namespace: the Cluster's status event brings us back.
         let Some(namespace) = cluster.namespace else {
-            plan.waiting_for_namespace.push(m.cluster.clone());
             continue;
         };
         let resolved = m.resolved;
@@ -441,8 +439,8 @@ mod tests {
         views[1].namespace = None;
         let plan = plan("app", &spec, &views, &groups, &BTreeMap::new(), true).unwrap();
         assert_eq!(plan.matched, ["c1", "c3"]);
-        assert_eq!(plan.waiting_for_namespace, ["c1"]);
-        assert_eq!(plan.deployments.len(), 1);
+        assert_eq!(plan.deployments.len(), 1, "c1 waits for its namespace");
+        assert_eq!(plan.deployments[0].cluster, "c3");
         let d = plan.deployments[0].spec.as_ref().unwrap();
         assert!(d.paused);
         assert!(!plan.copy_disabled);

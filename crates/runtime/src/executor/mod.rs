@@ -94,13 +94,19 @@ impl Executor {
             Op::Apply(apply) => self.apply(verb, apply, false).await,
             Op::ApplyStatus(apply) => self.apply(verb, apply, true).await,
             Op::MergePatch { key, patch } => {
-                let object = self
+                let result = self
                     .api(&key)
                     .patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(|e| failed("patch", &key, e))?;
-                self.metrics.object_write(verb, key.kind());
-                Ok(written(object))
+                    .await;
+                match result {
+                    Ok(object) => {
+                        self.metrics.object_write(verb, key.kind());
+                        Ok(written(object))
+                    }
+                    // Gone: nothing left to patch.
+                    Err(e) if is_not_found(&e) => Ok(Outcome::default()),
+                    Err(e) => Err(failed("patch", &key, e)),
+                }
             }
             Op::Delete { key, uid } => {
                 let deleted = self.delete(&key, uid).await?;
@@ -274,4 +280,136 @@ where
         map.insert("kind".into(), K::kind(&()).into());
     }
     value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::runtime::events::Reporter;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A canned apiserver: answers each request with the next (status, body) of `script`
+    /// and reports the request lines it saw.
+    async fn canned(
+        script: Vec<(u16, &'static str)>,
+    ) -> (Client, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (seen_tx, seen_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            for (code, body) in script {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut buf = vec![0u8; 64 * 1024];
+                let n = stream.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let _ = seen_tx.send(head.lines().next().unwrap_or_default().to_string());
+                let response = format!(
+                    "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            }
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+        (Client::try_from(config).expect("client"), seen_rx)
+    }
+
+    fn executor(client: Client) -> Executor {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "test".into(),
+                instance: None,
+            },
+        );
+        Executor::new(client, "tender-test", recorder, Arc::new(Metrics::new()))
+    }
+
+    const SECRET: &str = r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"db","namespace":"c1","uid":"u1","resourceVersion":"5"}}"#;
+
+    fn apply_db() -> Op {
+        Op::Apply(Apply {
+            key: ObjectKey::of::<Secret>(Some("c1"), "db"),
+            body: serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}}),
+            replace_if_immutable: false,
+            fingerprint: Some(Fingerprint {
+                live_version: Some("4".into()),
+                desired: "h".into(),
+            }),
+        })
+    }
+
+    #[tokio::test]
+    async fn an_apply_is_made_once_until_its_watch_event_arrives() {
+        let (client, mut seen) = canned(vec![(200, SECRET), (200, SECRET)]).await;
+        let exec = executor(client);
+        let first = exec.execute(apply_db()).await.expect("apply");
+        assert!(first.wrote);
+        assert_eq!(first.uid.as_deref(), Some("u1"));
+        let line = seen.recv().await.expect("a request");
+        assert!(
+            line.starts_with("PATCH /api/v1/namespaces/c1/secrets/db?"),
+            "{line}"
+        );
+        assert!(
+            line.contains("fieldManager=tender-test") && line.contains("force=true"),
+            "{line}"
+        );
+
+        // Same content over the same cached version: skipped, uid from the memo, no request.
+        let again = exec.execute(apply_db()).await.expect("skip");
+        assert!(!again.wrote);
+        assert_eq!(again.uid.as_deref(), Some("u1"));
+        assert!(seen.try_recv().is_err(), "no second request");
+        assert_eq!(exec.metrics.object_writes("apply", "Secret"), 1);
+
+        // The watch event retires the entry: the next decision is the cache's again.
+        exec.memo()
+            .forget(&ObjectKey::of::<Secret>(Some("c1"), "db"));
+        assert!(exec.execute(apply_db()).await.expect("apply").wrote);
+    }
+
+    #[tokio::test]
+    async fn deleting_what_is_gone_or_replaced_is_not_an_error() {
+        let not_found = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
+        let conflict = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#;
+        let (client, mut seen) = canned(vec![(404, not_found), (409, conflict)]).await;
+        let exec = executor(client);
+        let key = ObjectKey::of::<Secret>(Some("c1"), "db");
+        let gone = exec
+            .execute(Op::Delete {
+                key: key.clone(),
+                uid: None,
+            })
+            .await
+            .expect("404 is done");
+        assert!(!gone.wrote);
+        // A uid precondition that fails means a newer object of that name: not ours.
+        let newer = exec
+            .execute(Op::Delete {
+                key,
+                uid: Some("old".into()),
+            })
+            .await
+            .expect("409 on the uid precondition is done");
+        assert!(!newer.wrote);
+        assert!(seen.recv().await.expect("request").starts_with("DELETE "));
+        assert_eq!(exec.metrics.object_writes("delete", "Secret"), 0);
+    }
+
+    #[tokio::test]
+    async fn errors_about_secrets_do_not_quote_the_apiserver() {
+        let invalid = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Invalid","code":422,"message":"data[password]: Invalid value: \"hunter2\""}"#;
+        let (client, _seen) = canned(vec![(422, invalid)]).await;
+        let exec = executor(client);
+        let error = exec.execute(apply_db()).await.expect_err("422");
+        assert_eq!(error.reason(), "Invalid");
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        assert!(!format!("{error:?}").contains("hunter2"), "{error:?}");
+        assert!(exec.memo().is_empty(), "a failed write is not remembered");
+    }
 }

@@ -91,7 +91,8 @@ pub enum Op {
     /// Server-side apply to the status subresource: `body` holds `apiVersion`, `kind` and
     /// `status`.
     ApplyStatus(Apply),
-    /// JSON merge patch (e.g. removing keys another field manager added).
+    /// JSON merge patch (e.g. removing keys another field manager added); an object already
+    /// gone is left alone.
     MergePatch {
         /// The object patched.
         key: ObjectKey,

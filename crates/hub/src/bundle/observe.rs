@@ -1,0 +1,204 @@
+//! What a Bundle reconcile reads: the caches, and the few sources whose content it must see.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, ObjectMeta};
+use kube::runtime::reflector::ObjectRef;
+use tender_types::{Bundle, BundleDeployment, ClusterGroup, SourceKind, hash, labels};
+
+use super::ops::{LiveCopy, SourceObject};
+use super::plan::{SourceKey, SourceState};
+use crate::context::Ctx;
+use crate::{Error, kube_err};
+
+static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+
+/// Whether `meta` was written for Bundle `ns/name` (by its labels).
+pub(crate) fn is_bundle(meta: &ObjectMeta, ns: &str, name: &str) -> bool {
+    let l = meta.labels.as_ref().unwrap_or(&EMPTY);
+    l.get(labels::BUNDLE_NAMESPACE).map(String::as_str) == Some(ns)
+        && l.get(labels::BUNDLE_NAME).map(String::as_str) == Some(name)
+}
+
+/// The empty label map, for views of objects without labels.
+pub(crate) fn no_labels() -> &'static BTreeMap<String, String> {
+    &EMPTY
+}
+
+/// The ClusterGroups of `ns`, from the cache.
+pub(crate) fn groups_in(ctx: &Ctx, ns: &str) -> Vec<Arc<ClusterGroup>> {
+    ctx.stores
+        .groups
+        .state()
+        .into_iter()
+        .filter(|g| g.namespace().as_deref() == Some(ns))
+        .collect()
+}
+
+/// The BundleDeployments written for `bundle`, from the cache.
+pub(crate) fn deployments_of(ctx: &Ctx, bundle: &Bundle) -> Vec<Arc<BundleDeployment>> {
+    let (ns, name) = (bundle.namespace().unwrap_or_default(), bundle.name_any());
+    ctx.stores
+        .bundle_deployments
+        .state()
+        .into_iter()
+        .filter(|bd| is_bundle(&bd.metadata, &ns, &name))
+        .collect()
+}
+
+/// The cached BundleDeployment `namespace/name` as it is now (a reconcile's snapshot may
+/// predate our own last write, whose watch event has since cleared its memo entry).
+pub(crate) fn live_deployment(
+    ctx: &Ctx,
+    namespace: &str,
+    name: &str,
+) -> Option<Arc<BundleDeployment>> {
+    ctx.stores
+        .bundle_deployments
+        .get(&ObjectRef::new(name).within(namespace))
+}
+
+/// The cached metadata of one copy.
+pub(crate) fn live_copy(
+    ctx: &Ctx,
+    kind: SourceKind,
+    namespace: &str,
+    name: &str,
+) -> Option<ObjectMeta> {
+    match kind {
+        SourceKind::Secret => ctx
+            .stores
+            .copy_secrets
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|m| m.metadata.clone()),
+        SourceKind::ConfigMap => ctx
+            .stores
+            .copy_config_maps
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|m| m.metadata.clone()),
+    }
+}
+
+/// This Bundle's copies (not being deleted) by cluster namespace, from the metadata caches:
+/// one pass per Bundle reconcile instead of one per cluster.
+pub(crate) fn bundle_copies(
+    ctx: &Ctx,
+    bundle_ns: &str,
+    bundle_name: &str,
+) -> HashMap<String, Vec<LiveCopy>> {
+    let mut out: HashMap<String, Vec<LiveCopy>> = HashMap::new();
+    let secrets = ctx.stores.copy_secrets.state();
+    let config_maps = ctx.stores.copy_config_maps.state();
+    let metas = secrets
+        .iter()
+        .map(|m| (SourceKind::Secret, &m.metadata))
+        .chain(
+            config_maps
+                .iter()
+                .map(|m| (SourceKind::ConfigMap, &m.metadata)),
+        );
+    for (kind, meta) in metas {
+        if meta.deletion_timestamp.is_some() || !is_bundle(meta, bundle_ns, bundle_name) {
+            continue;
+        }
+        if let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) {
+            out.entry(ns.clone()).or_default().push(LiveCopy {
+                kind,
+                name: name.clone(),
+                uid: meta.uid.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// State of one source: existence from the metadata cache, hash from a cache keyed by
+/// resourceVersion, and a GET only when the source changed since it was last hashed (the
+/// object read then is kept in `fetched` for the copies).
+pub(crate) async fn source_state(
+    ctx: &Ctx,
+    ns: &str,
+    key: &SourceKey,
+    fetched: &mut HashMap<SourceKey, SourceObject>,
+) -> Result<SourceState, Error> {
+    let (kind, name) = key;
+    let rv = match kind {
+        SourceKind::Secret => ctx
+            .stores
+            .source_secrets
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|m| m.resource_version()),
+        SourceKind::ConfigMap => ctx
+            .stores
+            .source_config_maps
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|m| m.resource_version()),
+    };
+    let Some(rv) = rv else {
+        return Ok(SourceState::Missing);
+    };
+    let id = (ns.to_string(), *kind, name.clone());
+    if let Some((seen_rv, hash)) = ctx.source_hashes.lock().expect("lock").get(&id)
+        && Some(seen_rv) == rv.as_ref()
+    {
+        return Ok(SourceState::Found { hash: hash.clone() });
+    }
+    let Some((object, hash, rv)) = fetch_source(ctx, ns, *kind, name).await? else {
+        return Ok(SourceState::Missing);
+    };
+    ctx.source_hashes
+        .lock()
+        .expect("lock")
+        .insert(id, (rv, hash.clone()));
+    fetched.insert(key.clone(), object);
+    Ok(SourceState::Found { hash })
+}
+
+/// Reads one source in full, with its content hash and resourceVersion.
+pub(crate) async fn fetch_source(
+    ctx: &Ctx,
+    ns: &str,
+    kind: SourceKind,
+    name: &str,
+) -> Result<Option<(SourceObject, String, String)>, Error> {
+    let action = format!("read {kind} {ns}/{name}");
+    Ok(match kind {
+        SourceKind::Secret => Api::<Secret>::namespaced(ctx.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(|e| Error::kube(action, true, e))?
+            .map(|s| {
+                let h = hash::secret_hash(&s);
+                let rv = s.resource_version().unwrap_or_default();
+                (SourceObject::Secret(s), h, rv)
+            }),
+        SourceKind::ConfigMap => Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
+            .get_opt(name)
+            .await
+            .map_err(kube_err(action))?
+            .map(|c| {
+                let h = hash::config_map_hash(&c);
+                let rv = c.resource_version().unwrap_or_default();
+                (SourceObject::ConfigMap(c), h, rv)
+            }),
+    })
+}
+
+/// A source for a copy: the one read this reconcile, else read now (`None`: gone since
+/// planning; its deletion event re-plans the Bundle).
+pub(crate) async fn source_for_copy(
+    ctx: &Ctx,
+    ns: &str,
+    key: &SourceKey,
+    fetched: &HashMap<SourceKey, SourceObject>,
+) -> Result<Option<SourceObject>, Error> {
+    if let Some(s) = fetched.get(key) {
+        return Ok(Some(s.clone()));
+    }
+    Ok(fetch_source(ctx, ns, key.0, &key.1)
+        .await?
+        .map(|(s, _, _)| s))
+}

@@ -1,0 +1,160 @@
+//! The caches of one scope: one reflector per kind, shared by every reconciler and trigger.
+//!
+//! Every cache is a reflector we own; its events reach triggers (and the controllers' own
+//! trigger streams) only after the cache has applied them, so a reconciler never reads a
+//! cache older than its trigger. Deletions are seen too (shared subscriber streams drop them,
+//! which is why we do not use them).
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use futures::stream::{BoxStream, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::Client;
+use kube::Resource;
+use kube::api::{Api, PartialObjectMeta};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, labels, names};
+
+use crate::Error;
+use crate::context::{Scope, Stores};
+
+/// A cache's events, after the cache applied them.
+pub(crate) type Events<K> = BoxStream<'static, watcher::Event<K>>;
+
+/// The event streams of one scope's caches, one per kind, consumed by `triggers`.
+pub(crate) struct CacheEvents {
+    pub bundles: Events<Bundle>,
+    pub clusters: Events<Cluster>,
+    pub groups: Events<ClusterGroup>,
+    pub bundle_deployments: Events<BundleDeployment>,
+    pub copy_secrets: Events<PartialObjectMeta<Secret>>,
+    pub copy_config_maps: Events<PartialObjectMeta<ConfigMap>>,
+    pub source_secrets: Events<PartialObjectMeta<Secret>>,
+    pub source_config_maps: Events<PartialObjectMeta<ConfigMap>>,
+    pub namespaces: Events<PartialObjectMeta<Namespace>>,
+    pub leases: Events<Lease>,
+}
+
+fn reflect<K>(what: &'static str, api: Api<K>, config: watcher::Config) -> (Store<K>, Events<K>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let (reader, writer) = reflector::store();
+    let events = reflector::reflector(writer, watcher(api, config).default_backoff())
+        .filter_map(move |event| async move {
+            match event {
+                Ok(event) => Some(event),
+                Err(error) => {
+                    tracing::warn!(%error, watch = what, "watch failed; retrying with backoff");
+                    None
+                }
+            }
+        })
+        .boxed();
+    (reader, events)
+}
+
+/// Starts (lazily: nothing runs until the event streams are polled) the caches of `scope`.
+pub(crate) fn caches(scope: &Scope, client: &Client) -> (Stores, CacheEvents) {
+    let all = watcher::Config::default();
+    // What the hub writes into cluster namespaces carries the workspace label.
+    let in_workspaces = watcher::Config::default().labels(&scope.workspace_selector());
+    // Sources: metadata only, never copies (which carry the bundle-name label).
+    let not_copies = watcher::Config::default().labels(&format!("!{}", labels::BUNDLE_NAME));
+
+    let (bundles, bundle_events) = reflect("bundles", scope.api::<Bundle>(client), all.clone());
+    let (clusters, cluster_events) = reflect("clusters", scope.api::<Cluster>(client), all.clone());
+    let (groups, group_events) = reflect(
+        "clustergroups",
+        scope.api::<ClusterGroup>(client),
+        all.clone(),
+    );
+    let (bundle_deployments, bd_events) = reflect(
+        "bundledeployments",
+        Api::<BundleDeployment>::all(client.clone()),
+        in_workspaces.clone(),
+    );
+    let (copy_secrets, copy_secret_events) = reflect(
+        "copied secrets",
+        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+        in_workspaces.clone(),
+    );
+    let (copy_config_maps, copy_cm_events) = reflect(
+        "copied configmaps",
+        Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
+        in_workspaces.clone(),
+    );
+    let (source_secrets, source_secret_events) = reflect(
+        "source secrets",
+        scope.api::<PartialObjectMeta<Secret>>(client),
+        not_copies.clone(),
+    );
+    let (source_config_maps, source_cm_events) = reflect(
+        "source configmaps",
+        scope.api::<PartialObjectMeta<ConfigMap>>(client),
+        not_copies,
+    );
+    let (namespaces, ns_events) = reflect(
+        "cluster namespaces",
+        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+        in_workspaces,
+    );
+    let (leases, lease_events) = reflect(
+        "agent leases",
+        Api::<Lease>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={}", names::AGENT_LEASE)),
+    );
+    let stores = Stores {
+        bundles,
+        clusters,
+        groups,
+        bundle_deployments,
+        copy_secrets,
+        copy_config_maps,
+        source_secrets,
+        source_config_maps,
+        namespaces,
+        leases,
+    };
+    let events = CacheEvents {
+        bundles: bundle_events,
+        clusters: cluster_events,
+        groups: group_events,
+        bundle_deployments: bd_events,
+        copy_secrets: copy_secret_events,
+        copy_config_maps: copy_cm_events,
+        source_secrets: source_secret_events,
+        source_config_maps: source_cm_events,
+        namespaces: ns_events,
+        leases: lease_events,
+    };
+    (stores, events)
+}
+
+/// Resolves once every cache has its first full list.
+pub(crate) async fn synced(s: Stores) -> Result<(), Error> {
+    macro_rules! wait {
+        ($store:expr, $what:literal) => {
+            $store
+                .wait_until_ready()
+                .await
+                .map_err(|_| Error::CacheSync($what))?
+        };
+    }
+    wait!(s.bundles, "bundles");
+    wait!(s.clusters, "clusters");
+    wait!(s.groups, "clustergroups");
+    wait!(s.bundle_deployments, "bundledeployments");
+    wait!(s.copy_secrets, "copied secrets");
+    wait!(s.copy_config_maps, "copied configmaps");
+    wait!(s.source_secrets, "source secrets");
+    wait!(s.source_config_maps, "source configmaps");
+    wait!(s.namespaces, "cluster namespaces");
+    wait!(s.leases, "agent leases");
+    Ok(())
+}

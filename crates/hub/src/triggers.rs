@@ -1,0 +1,446 @@
+//! From cache events to reconcile requests: which change of which object wakes which
+//! reconciler, and the executor's memo entries each event retires.
+//!
+//! One feed per cache. The Bundle, Cluster and ClusterGroup feeds also hand every applied
+//! object to their controller's own trigger stream (`Controller::for_stream`), so each kind is
+//! watched exactly once per process.
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+use futures::future::{BoxFuture, FutureExt};
+use futures::stream::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::ObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use tender_runtime::ObjectKey;
+use tender_types::conditions::{TYPE_AGENT_CONNECTED, TYPE_READY, is_true};
+use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, SourceKind, labels};
+
+use crate::caches::{CacheEvents, Events};
+use crate::context::{Ctx, cluster_for_labels};
+
+/// The streams the controllers run on.
+pub(crate) struct ControllerInputs {
+    /// Applied Bundles (the controller's own trigger stream).
+    pub bundles: UnboundedReceiver<Arc<Bundle>>,
+    /// Bundles another object's change concerns.
+    pub bundle: UnboundedReceiver<ObjectRef<Bundle>>,
+    /// "Every Bundle": a change that may retarget any of them.
+    pub all_bundles: UnboundedReceiver<()>,
+    /// Applied Clusters.
+    pub clusters: UnboundedReceiver<Arc<Cluster>>,
+    /// Clusters another object's change concerns.
+    pub cluster: UnboundedReceiver<ObjectRef<Cluster>>,
+    /// Applied ClusterGroups.
+    pub groups: UnboundedReceiver<Arc<ClusterGroup>>,
+    /// ClusterGroups whose counts may have changed.
+    pub group: UnboundedReceiver<ObjectRef<ClusterGroup>>,
+}
+
+#[derive(Clone)]
+struct Triggers {
+    bundles: UnboundedSender<Arc<Bundle>>,
+    bundle: UnboundedSender<ObjectRef<Bundle>>,
+    all_bundles: UnboundedSender<()>,
+    clusters: UnboundedSender<Arc<Cluster>>,
+    cluster: UnboundedSender<ObjectRef<Cluster>>,
+    groups: UnboundedSender<Arc<ClusterGroup>>,
+    group: UnboundedSender<ObjectRef<ClusterGroup>>,
+}
+
+// A closed channel means the controllers are stopping; nothing to do.
+impl Triggers {
+    fn bundle(&self, r: ObjectRef<Bundle>) {
+        let _ = self.bundle.unbounded_send(r);
+    }
+    fn all_bundles(&self) {
+        let _ = self.all_bundles.unbounded_send(());
+    }
+    fn cluster(&self, r: ObjectRef<Cluster>) {
+        let _ = self.cluster.unbounded_send(r);
+    }
+    fn groups_in(&self, groups: &Store<ClusterGroup>, namespace: Option<&str>) {
+        for g in groups.state() {
+            if namespace.is_none() || g.namespace().as_deref() == namespace {
+                let _ = self.group.unbounded_send(ObjectRef::from_obj(g.as_ref()));
+            }
+        }
+    }
+}
+
+/// The feeds of one scope (to be run until the scope stops) and the controllers' inputs.
+pub(crate) fn feeds(
+    ctx: &Arc<Ctx>,
+    events: CacheEvents,
+) -> (Vec<BoxFuture<'static, ()>>, ControllerInputs) {
+    let (bundles_tx, bundles) = unbounded();
+    let (bundle_tx, bundle) = unbounded();
+    let (all_tx, all_bundles) = unbounded();
+    let (clusters_tx, clusters) = unbounded();
+    let (cluster_tx, cluster) = unbounded();
+    let (groups_tx, groups) = unbounded();
+    let (group_tx, group) = unbounded();
+    let t = Triggers {
+        bundles: bundles_tx,
+        bundle: bundle_tx,
+        all_bundles: all_tx,
+        clusters: clusters_tx,
+        cluster: cluster_tx,
+        groups: groups_tx,
+        group: group_tx,
+    };
+    let feeds = vec![
+        bundle_feed(ctx.clone(), t.clone(), events.bundles),
+        cluster_feed(ctx.clone(), t.clone(), events.clusters),
+        group_feed(ctx.clone(), t.clone(), events.groups),
+        bundle_deployment_feed(ctx.clone(), t.clone(), events.bundle_deployments),
+        copy_feed(
+            ctx.clone(),
+            t.clone(),
+            SourceKind::Secret,
+            meta_events(events.copy_secrets),
+        ),
+        copy_feed(
+            ctx.clone(),
+            t.clone(),
+            SourceKind::ConfigMap,
+            meta_events(events.copy_config_maps),
+        ),
+        source_feed(
+            ctx.clone(),
+            t.clone(),
+            SourceKind::Secret,
+            meta_events(events.source_secrets),
+        ),
+        source_feed(
+            ctx.clone(),
+            t.clone(),
+            SourceKind::ConfigMap,
+            meta_events(events.source_config_maps),
+        ),
+        namespace_feed(ctx.clone(), t.clone(), meta_events(events.namespaces)),
+        lease_feed(ctx.clone(), t, events.leases),
+    ];
+    let inputs = ControllerInputs {
+        bundles,
+        bundle,
+        all_bundles,
+        clusters,
+        cluster,
+        groups,
+        group,
+    };
+    (feeds, inputs)
+}
+
+/// Consumes a cache's events, calling `on_event` for each.
+fn drive<K: Send + 'static>(
+    events: Events<K>,
+    mut on_event: impl FnMut(&watcher::Event<K>) + Send + 'static,
+) -> BoxFuture<'static, ()> {
+    events
+        .for_each(move |event| {
+            on_event(&event);
+            futures::future::ready(())
+        })
+        .boxed()
+}
+
+/// The object an event is about (`None` for list bookkeeping), and whether it was deleted.
+fn touched<K>(event: &watcher::Event<K>) -> Option<(&K, bool)> {
+    match event {
+        watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => Some((obj, false)),
+        watcher::Event::Delete(obj) => Some((obj, true)),
+        _ => None,
+    }
+}
+
+/// The executor memo entry of `obj`: its watch event arrived, so the cache decides again.
+fn forget<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K) {
+    let key = ObjectKey::of::<K>(obj.meta().namespace.as_deref(), &obj.name_any());
+    ctx.exec.memo().forget(&key);
+}
+
+fn key_of(parts: impl Hash) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    parts.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The Bundle an object written for it belongs to, from its labels.
+fn bundle_of(meta: &ObjectMeta) -> Option<ObjectRef<Bundle>> {
+    let labels = meta.labels.as_ref()?;
+    Some(
+        ObjectRef::new(labels.get(labels::BUNDLE_NAME)?)
+            .within(labels.get(labels::BUNDLE_NAMESPACE)?),
+    )
+}
+
+/// Bundles: their own controller (status memo retired first).
+fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        if let Some((b, deleted)) = touched(event) {
+            forget(&ctx, b);
+            if !deleted {
+                let _ = t.bundles.unbounded_send(Arc::new(b.clone()));
+            }
+        }
+    })
+}
+
+/// Clusters: labels, deletion, namespace readiness and pausing retarget Bundles; labels,
+/// readiness and deletion change group counts. Heartbeats alone trigger neither.
+fn cluster_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Cluster>) -> BoxFuture<'static, ()> {
+    let groups = ctx.stores.groups.clone();
+    let mut seen: HashMap<ObjectRef<Cluster>, (u64, u64)> = HashMap::new();
+    drive(events, move |event| {
+        if let watcher::Event::InitDone = event {
+            t.all_bundles();
+            t.groups_in(&groups, None);
+            return;
+        }
+        let Some((c, deleted)) = touched(event) else {
+            return;
+        };
+        forget(&ctx, c);
+        let r = ObjectRef::from_obj(c);
+        let ns = c.namespace();
+        if deleted {
+            seen.remove(&r);
+            t.all_bundles();
+            t.groups_in(&groups, ns.as_deref());
+            return;
+        }
+        let _ = t.clusters.unbounded_send(Arc::new(c.clone()));
+        let deleting = c.metadata.deletion_timestamp.is_some();
+        let status_ns = c.status.as_ref().and_then(|s| s.namespace.clone());
+        let ready = c
+            .status
+            .as_ref()
+            .is_some_and(|s| is_true(&s.conditions, TYPE_READY));
+        let keys = (
+            key_of((c.labels(), deleting, &status_ns, c.spec.paused)),
+            key_of((c.labels(), deleting, ready)),
+        );
+        let before = seen.insert(r, keys);
+        if matches!(event, watcher::Event::InitApply(_)) {
+            return; // InitDone retargets everything once
+        }
+        if before.map(|b| b.0) != Some(keys.0) {
+            t.all_bundles();
+        }
+        if before.map(|b| b.1) != Some(keys.1) {
+            t.groups_in(&groups, ns.as_deref());
+        }
+    })
+}
+
+/// Groups: their own controller; selector or labels retarget Bundles.
+fn group_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<ClusterGroup>) -> BoxFuture<'static, ()> {
+    let mut seen: HashMap<ObjectRef<ClusterGroup>, u64> = HashMap::new();
+    drive(events, move |event| {
+        if let watcher::Event::InitDone = event {
+            t.all_bundles();
+            return;
+        }
+        let Some((g, deleted)) = touched(event) else {
+            return;
+        };
+        forget(&ctx, g);
+        let r = ObjectRef::from_obj(g);
+        if deleted {
+            seen.remove(&r);
+            t.all_bundles();
+            return;
+        }
+        let _ = t.groups.unbounded_send(Arc::new(g.clone()));
+        let key = key_of((
+            g.labels(),
+            serde_json::to_string(&g.spec.selector).unwrap_or_default(),
+        ));
+        if seen.insert(r, key) != Some(key) && !matches!(event, watcher::Event::InitApply(_)) {
+            t.all_bundles();
+        }
+    })
+}
+
+/// BundleDeployments: their Bundle (status, recreate) and their Cluster (summary).
+fn bundle_deployment_feed(
+    ctx: Arc<Ctx>,
+    t: Triggers,
+    events: Events<BundleDeployment>,
+) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        match event {
+            watcher::Event::Init => ctx.bd_names.lock().expect("bd index").clear(),
+            watcher::Event::InitDone => {
+                t.all_bundles();
+                return;
+            }
+            _ => {}
+        }
+        let Some((bd, deleted)) = touched(event) else {
+            return;
+        };
+        index_bd(&ctx, bd, deleted);
+        if matches!(event, watcher::Event::InitApply(_)) {
+            return;
+        }
+        forget(&ctx, bd);
+        if let Some(b) = bundle_of(&bd.metadata) {
+            t.bundle(b);
+        }
+        if let Some(c) = bd.namespace().and_then(|ns| ctx.cluster_of_namespace(&ns)) {
+            t.cluster(c);
+        }
+    })
+}
+
+/// Keeps [`Ctx::bd_names`] in step with the BundleDeployment cache.
+fn index_bd(ctx: &Ctx, bd: &BundleDeployment, deleted: bool) {
+    let ns = bd.namespace().unwrap_or_default();
+    let mut index = ctx.bd_names.lock().expect("bd index");
+    if deleted {
+        if let Some(names) = index.get_mut(&ns) {
+            names.remove(&bd.name_any());
+            if names.is_empty() {
+                index.remove(&ns);
+            }
+        }
+    } else {
+        index.entry(ns).or_default().insert(bd.name_any());
+    }
+}
+
+/// Copies: a changed or deleted copy is rewritten by its Bundle.
+fn copy_feed(
+    ctx: Arc<Ctx>,
+    t: Triggers,
+    kind: SourceKind,
+    events: Events<ObjectMeta>,
+) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        if let watcher::Event::InitDone = event {
+            t.all_bundles();
+            return;
+        }
+        if matches!(event, watcher::Event::InitApply(_)) {
+            return;
+        }
+        let Some((meta, _)) = touched(event) else {
+            return;
+        };
+        let (ns, name) = (
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        );
+        let key = match kind {
+            SourceKind::Secret => ObjectKey::of::<Secret>(ns, name),
+            SourceKind::ConfigMap => ObjectKey::of::<ConfigMap>(ns, name),
+        };
+        ctx.exec.memo().forget(&key);
+        if let Some(b) = bundle_of(meta) {
+            t.bundle(b);
+        }
+    })
+}
+
+/// Sources: through the index to the Bundles that copy them.
+fn source_feed(
+    ctx: Arc<Ctx>,
+    t: Triggers,
+    kind: SourceKind,
+    events: Events<ObjectMeta>,
+) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        if let watcher::Event::InitDone = event {
+            t.all_bundles();
+            return;
+        }
+        if matches!(event, watcher::Event::InitApply(_)) {
+            return;
+        }
+        let Some((meta, _)) = touched(event) else {
+            return;
+        };
+        let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
+            return;
+        };
+        for (bns, bname) in ctx.sources.bundles_for(&(ns, kind, name)) {
+            t.bundle(ObjectRef::new(&bname).within(&bns));
+        }
+    })
+}
+
+/// Cluster namespaces: a deleted namespace is recreated, a finished deletion unblocks.
+fn namespace_feed(
+    ctx: Arc<Ctx>,
+    t: Triggers,
+    events: Events<ObjectMeta>,
+) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        if matches!(event, watcher::Event::InitApply(_)) {
+            return;
+        }
+        let Some((ns, _)) = touched(event) else {
+            return;
+        };
+        let name = ns.name.as_deref().unwrap_or_default();
+        if let Some(labels) = &ns.labels
+            && let Some(c) = cluster_for_labels(&ctx.stores.clusters, labels, name)
+        {
+            t.cluster(c);
+        }
+    })
+}
+
+/// Agent Leases: only a cluster not yet known as connected needs a nudge; a connected one
+/// is re-checked when its heartbeat would expire.
+fn lease_feed(
+    ctx: Arc<Ctx>,
+    t: Triggers,
+    events: Events<k8s_openapi::api::coordination::v1::Lease>,
+) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        if matches!(event, watcher::Event::InitApply(_)) {
+            return;
+        }
+        let Some((lease, deleted)) = touched(event) else {
+            return;
+        };
+        let Some(c) = lease
+            .namespace()
+            .and_then(|ns| ctx.cluster_of_namespace(&ns))
+        else {
+            return;
+        };
+        let connected = ctx.stores.clusters.get(&c).is_some_and(|c| {
+            c.status
+                .as_ref()
+                .is_some_and(|s| is_true(&s.conditions, TYPE_AGENT_CONNECTED))
+        });
+        if deleted || !connected {
+            t.cluster(c);
+        }
+    })
+}
+
+fn meta_events<K: Clone + Send + 'static>(
+    events: Events<kube::api::PartialObjectMeta<K>>,
+) -> Events<ObjectMeta> {
+    events
+        .map(|event| match event {
+            watcher::Event::Apply(o) => watcher::Event::Apply(o.metadata),
+            watcher::Event::Delete(o) => watcher::Event::Delete(o.metadata),
+            watcher::Event::InitApply(o) => watcher::Event::InitApply(o.metadata),
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitDone => watcher::Event::InitDone,
+        })
+        .boxed()
+}
