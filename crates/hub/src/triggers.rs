@@ -100,29 +100,33 @@ pub(crate) fn feeds(
         cluster_feed(ctx.clone(), t.clone(), events.clusters),
         group_feed(ctx.clone(), t.clone(), events.groups),
         bundle_deployment_feed(ctx.clone(), t.clone(), events.bundle_deployments),
-        copy_feed(
+        metadata_feed(
             ctx.clone(),
             t.clone(),
             SourceKind::Secret,
             meta_events(events.copy_secrets),
+            copy_changed,
         ),
-        copy_feed(
+        metadata_feed(
             ctx.clone(),
             t.clone(),
             SourceKind::ConfigMap,
             meta_events(events.copy_config_maps),
+            copy_changed,
         ),
-        source_feed(
+        metadata_feed(
             ctx.clone(),
             t.clone(),
             SourceKind::Secret,
             meta_events(events.source_secrets),
+            source_changed,
         ),
-        source_feed(
+        metadata_feed(
             ctx.clone(),
             t.clone(),
             SourceKind::ConfigMap,
             meta_events(events.source_config_maps),
+            source_changed,
         ),
         namespace_feed(ctx.clone(), t.clone(), meta_events(events.namespaces)),
         lease_feed(ctx.clone(), t, events.leases),
@@ -158,6 +162,15 @@ fn touched<K>(event: &watcher::Event<K>) -> Option<(&K, bool)> {
         watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => Some((obj, false)),
         watcher::Event::Delete(obj) => Some((obj, true)),
         _ => None,
+    }
+}
+
+/// Like [`touched`], but only for changes after the initial list (whose end, `InitDone`,
+/// triggers every Bundle once instead).
+fn changed<K>(event: &watcher::Event<K>) -> Option<(&K, bool)> {
+    match event {
+        watcher::Event::InitApply(_) => None,
+        other => touched(other),
     }
 }
 
@@ -318,64 +331,49 @@ fn index_bd(ctx: &Ctx, bd: &BundleDeployment, deleted: bool) {
     }
 }
 
-/// Copies: a changed or deleted copy is rewritten by its Bundle.
-fn copy_feed(
+/// A feed over a Secret or ConfigMap metadata cache: `InitDone` retargets every Bundle, each
+/// later change goes to `on_change`.
+fn metadata_feed(
     ctx: Arc<Ctx>,
     t: Triggers,
     kind: SourceKind,
     events: Events<ObjectMeta>,
+    on_change: fn(&Ctx, &Triggers, SourceKind, &ObjectMeta),
 ) -> BoxFuture<'static, ()> {
     drive(events, move |event| {
         if let watcher::Event::InitDone = event {
             t.all_bundles();
-            return;
         }
-        if matches!(event, watcher::Event::InitApply(_)) {
-            return;
-        }
-        let Some((meta, _)) = touched(event) else {
-            return;
-        };
-        let (ns, name) = (
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or_default(),
-        );
-        let key = match kind {
-            SourceKind::Secret => ObjectKey::of::<Secret>(ns, name),
-            SourceKind::ConfigMap => ObjectKey::of::<ConfigMap>(ns, name),
-        };
-        ctx.exec.memo().forget(&key);
-        if let Some(b) = bundle_of(meta) {
-            t.bundle(b);
+        if let Some((meta, _)) = changed(event) {
+            on_change(&ctx, &t, kind, meta);
         }
     })
 }
 
+/// Copies: a changed or deleted copy is rewritten by its Bundle.
+fn copy_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) {
+    let (ns, name) = (
+        meta.namespace.as_deref(),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+    let key = match kind {
+        SourceKind::Secret => ObjectKey::of::<Secret>(ns, name),
+        SourceKind::ConfigMap => ObjectKey::of::<ConfigMap>(ns, name),
+    };
+    ctx.exec.memo().forget(&key);
+    if let Some(b) = bundle_of(meta) {
+        t.bundle(b);
+    }
+}
+
 /// Sources: through the index to the Bundles that copy them.
-fn source_feed(
-    ctx: Arc<Ctx>,
-    t: Triggers,
-    kind: SourceKind,
-    events: Events<ObjectMeta>,
-) -> BoxFuture<'static, ()> {
-    drive(events, move |event| {
-        if let watcher::Event::InitDone = event {
-            t.all_bundles();
-            return;
-        }
-        if matches!(event, watcher::Event::InitApply(_)) {
-            return;
-        }
-        let Some((meta, _)) = touched(event) else {
-            return;
-        };
-        let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
-            return;
-        };
-        for (bns, bname) in ctx.sources.bundles_for(&(ns, kind, name)) {
-            t.bundle(ObjectRef::new(&bname).within(&bns));
-        }
-    })
+fn source_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) {
+    let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
+        return;
+    };
+    for (bns, bname) in ctx.sources.bundles_for(&(ns, kind, name)) {
+        t.bundle(ObjectRef::new(&bname).within(&bns));
+    }
 }
 
 /// Cluster namespaces: a deleted namespace is recreated, a finished deletion unblocks.
@@ -385,10 +383,7 @@ fn namespace_feed(
     events: Events<ObjectMeta>,
 ) -> BoxFuture<'static, ()> {
     drive(events, move |event| {
-        if matches!(event, watcher::Event::InitApply(_)) {
-            return;
-        }
-        let Some((ns, _)) = touched(event) else {
+        let Some((ns, _)) = changed(event) else {
             return;
         };
         let name = ns.name.as_deref().unwrap_or_default();
@@ -408,10 +403,7 @@ fn lease_feed(
     events: Events<k8s_openapi::api::coordination::v1::Lease>,
 ) -> BoxFuture<'static, ()> {
     drive(events, move |event| {
-        if matches!(event, watcher::Event::InitApply(_)) {
-            return;
-        }
-        let Some((lease, deleted)) = touched(event) else {
+        let Some((lease, deleted)) = changed(event) else {
             return;
         };
         let Some(c) = lease
