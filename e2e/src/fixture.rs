@@ -16,9 +16,10 @@ use tender_agent::AgentConfig;
 use tender_types::conditions::{TYPE_READY, is_true};
 use tender_types::{Bundle, BundleDeployment, Cluster, names};
 
-use crate::agent_harness::{AgentHandle, start_agent};
+use crate::agent_harness::{AgentHandle, start_agent_with};
 use crate::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
-use crate::{HUB, TestEnv, eventually, unique_name};
+use crate::proxy::WriteGate;
+use crate::{ADMIN_USER, HUB, TestEnv, eventually, unique_name};
 
 /// How long the fixtures wait for anything (a namespace provisioned, a BundleDeployment
 /// Ready, a Secret changed) before failing the test.
@@ -125,12 +126,26 @@ impl Workspace {
     /// Registers `cluster` and starts its agent against cluster `downstream` of the
     /// environment.
     pub async fn agent(&self, cluster: &str, downstream: &str) -> Agent {
+        let down = self.env.kubeconfig_as(downstream, ADMIN_USER);
+        self.agent_with(cluster, downstream, down).await
+    }
+
+    /// Like [`agent`](Self::agent), but the agent reaches `downstream` only through `gate`
+    /// (restarts too), which a test can make hold the agent's downstream writes.
+    pub async fn agent_through(&self, cluster: &str, downstream: &str, gate: &WriteGate) -> Agent {
+        let server = &self.env.cluster(downstream).server;
+        let down = gate.rewrite_kubeconfig(&self.env.kubeconfig_as(downstream, ADMIN_USER), server);
+        self.agent_with(cluster, downstream, down).await
+    }
+
+    async fn agent_with(&self, cluster: &str, downstream: &str, down: String) -> Agent {
         let (kubeconfig, config) = self.register(cluster).await;
-        let handle = start_agent(self.env, &kubeconfig, downstream, config.clone())
+        let handle = start_agent_with(&kubeconfig, &down, config.clone())
             .await
             .unwrap();
         Agent {
             kubeconfig,
+            downstream_kubeconfig: down,
             config,
             downstream: downstream.to_string(),
             handle: Some(handle),
@@ -217,6 +232,7 @@ impl Workspace {
 /// Dropping it kills the agent.
 pub struct Agent {
     kubeconfig: String,
+    downstream_kubeconfig: String,
     config: AgentConfig,
     /// The environment's cluster the agent deploys to.
     pub downstream: String,
@@ -231,13 +247,18 @@ impl Agent {
         }
     }
 
-    /// Kills the agent if it runs and starts it again, same identity and configuration.
-    pub async fn restart(&mut self, env: &TestEnv) {
+    /// Kills the agent if it runs and starts it again, same identity, configuration and way
+    /// to its downstream cluster.
+    pub async fn restart(&mut self) {
         self.kill().await;
         self.handle = Some(
-            start_agent(env, &self.kubeconfig, &self.downstream, self.config.clone())
-                .await
-                .unwrap(),
+            start_agent_with(
+                &self.kubeconfig,
+                &self.downstream_kubeconfig,
+                self.config.clone(),
+            )
+            .await
+            .unwrap(),
         );
     }
 

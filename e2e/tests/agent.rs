@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use tender_e2e::fixture::{
     self, WAIT, Workspace, bytes, create_namespace, secret_value, wait_secret,
 };
+use tender_e2e::proxy::WriteGate;
 use tender_e2e::{HUB, downstream_name, eventually, shared_env, unique_name};
 use tender_types::bundle_deployment::object_state;
 use tender_types::conditions::{TYPE_READY, find_condition, is_true};
@@ -470,7 +471,17 @@ async fn drift_is_corrected_or_reported() {
 #[tokio::test]
 async fn agent_killed_mid_apply_converges_after_restart() {
     let ws = Workspace::new(shared_env(2).await, "agent-kill").await;
-    let mut east = ws.agent("east", &downstream_name(1)).await;
+    let downstream = downstream_name(1);
+    // The agent reaches its downstream cluster only through a gate that can hold its writes.
+    let gate = WriteGate::start(ws.downstream(&downstream).await)
+        .await
+        .unwrap();
+    let mut east = ws.agent_through("east", &downstream, &gate).await;
+    eventually("the agent to finish its start-up", WAIT, || {
+        let ready = east.handle().health.is_ready();
+        async move { Ok::<_, std::convert::Infallible>(ready.then_some(())) }
+    })
+    .await;
     ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
@@ -481,19 +492,93 @@ async fn agent_killed_mid_apply_converges_after_restart() {
             .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("part-{i}")}, "data": {"i": i.to_string()}}))
             .collect(),
     );
-    ws.bundle("app", spec).await;
-    let down = ws.downstream(&east.downstream).await;
+    let down = ws.downstream(&downstream).await;
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &target);
-    // Kill as soon as the agent has started writing.
-    eventually("the agent started applying", WAIT, || async {
-        Ok::<_, kube::Error>(cms.get_opt("app-config").await?.map(|_| ()))
+    let parts_in_place = || async {
+        let list = cms.list(&Default::default()).await.unwrap();
+        list.items
+            .iter()
+            .filter(|c| c.name_any().starts_with("part-"))
+            .count()
+    };
+
+    // Let the apply's first writes through (its namespace, the copies, the first parts), then
+    // hold the next one, so the kill below lands while a write is in flight.
+    let passed_before = gate.forwarded_writes();
+    gate.hold_writes_after(6);
+    ws.bundle("app", spec).await;
+    let held =
+        eventually(
+            "a downstream write of the apply held at the gate",
+            WAIT,
+            || {
+                let holding = gate.holding();
+                async move {
+                    Ok::<_, std::convert::Infallible>((!holding.is_empty()).then_some(holding))
+                }
+            },
+        )
+        .await;
+    assert_eq!(
+        gate.forwarded_writes() - passed_before,
+        6,
+        "the gate let exactly the allowance through before holding"
+    );
+    assert_eq!(
+        east.handle().downstream_write_requests(),
+        gate.forwarded_writes() + held.len() as u64,
+        "every write the agent sent downstream either passed the gate or is held there: {held:?}"
+    );
+    let parts_at_kill = parts_in_place().await;
+    east.kill().await;
+    // A held write to one of the Bundle's objects has not landed.
+    let prefix = format!("/api/v1/namespaces/{target}/configmaps/");
+    for name in held
+        .iter()
+        .filter_map(|h| h.split_once(&prefix).map(|(_, n)| n))
+    {
+        assert!(
+            cms.get_opt(name).await.unwrap().is_none(),
+            "{name} is downstream although its write was held"
+        );
+    }
+    // The kill landed mid-apply: part of the Bundle is downstream, the rest is not, and the
+    // BundleDeployment does not say applied.
+    assert!(
+        parts_at_kill < 40,
+        "the apply was still in progress at the kill, yet all 40 parts were in place"
+    );
+    assert!(
+        cms.get_opt("app-config").await.unwrap().is_some(),
+        "the apply had started: the ConfigMap copy is in place"
+    );
+    let bd = ws.bds("east").get("app").await.unwrap();
+    assert_ne!(
+        bd.status.and_then(|s| s.applied_deployment_id),
+        Some(bd.spec.deployment_id),
+        "the BundleDeployment was not applied at the kill"
+    );
+    // The held write dies with the agent, unsent.
+    gate.discard_held();
+    eventually("the held write dropped unsent", WAIT, || {
+        let dropped = gate.discarded();
+        async move { Ok::<_, std::convert::Infallible>((dropped >= 1).then_some(())) }
     })
     .await;
-    east.kill().await;
-    let partial = cms.list(&Default::default()).await.unwrap().items.len();
-    eprintln!("killed with {partial} ConfigMaps in place");
-    east.restart(ws.env).await;
+    assert!(gate.held_total() >= 1, "the gate held a write");
+    eprintln!("killed while the gate held {held:?}, with {parts_at_kill} of 40 parts in place");
+
+    east.restart().await;
     ws.ready("east", "app").await;
+    assert_eq!(
+        parts_in_place().await,
+        40,
+        "every part in place after the restart"
+    );
+    for i in [0, 20, 39] {
+        let part = cms.get(&format!("part-{i}")).await.unwrap();
+        assert_eq!(part.data.unwrap()["i"], i.to_string(), "part-{i}");
+    }
     let all = cms.list(&Default::default()).await.unwrap().items.len();
     assert_eq!(all, 40 + 1 + 1, "40 parts, the copy and kube-root-ca.crt");
 
@@ -502,7 +587,7 @@ async fn agent_killed_mid_apply_converges_after_restart() {
     let mut smaller = app_bundle(&["east"], &target, false);
     smaller["resources"] = json!([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "part-0"}, "data": {"i": "zero"}}]);
     ws.bundle("app", smaller).await;
-    east.restart(ws.env).await;
+    east.restart().await;
     ws.ready("east", "app").await;
     wait_gone(&cms, "part-39", "pruned manifest").await;
     assert_eq!(cms.get("part-0").await.unwrap().data.unwrap()["i"], "zero");
@@ -526,7 +611,7 @@ async fn two_registrations_on_one_downstream_stay_apart() {
     ws.ready("green", "app-b").await;
 
     // Restarting one agent (start-up sweep) leaves the other's objects alone.
-    a.restart(ws.env).await;
+    a.restart().await;
     ws.ready("blue", "app-a").await;
     let down = ws.downstream(&b.downstream).await;
     let theirs = Api::<Secret>::namespaced(down.clone(), &ns_b)
@@ -636,7 +721,7 @@ async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
         "nothing happens while the agent is away"
     );
 
-    east.restart(ws.env).await;
+    east.restart().await;
     wait_gone(
         &Api::<Secret>::namespaced(down.clone(), &gone_ns),
         "db-creds",
