@@ -6,7 +6,9 @@
 //! [`TestEnv`] without seeing each other's objects.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -374,4 +376,59 @@ pub async fn wait_secret(
         Ok::<_, kube::Error>(api.get_opt(name).await?.filter(|s| check(s)))
     })
     .await
+}
+
+/// Waits until `sample` has kept one value for `quiet` (polled every 250 ms; at most [`WAIT`]),
+/// e.g. a write counter after a burst of work; returns that value. `what` names the wait in the
+/// failure message.
+pub async fn settled<T, F, Fut>(what: &str, quiet: Duration, mut sample: F) -> T
+where
+    T: PartialEq + Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = Instant::now() + WAIT;
+    let mut last = sample().await;
+    let mut since = Instant::now();
+    while since.elapsed() < quiet {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not settle within {WAIT:?} (still changing: {last:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = sample().await;
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    last
+}
+
+/// Observes `sample` across `window` (at its start, every 500 ms and at its end) and fails
+/// at the first sample that is not `expected`: "nothing happened" as an assertion that can
+/// fail, not a sleep. `what` names the observation in the failure message.
+pub async fn stays<T, F, Fut>(what: &str, window: Duration, expected: &T, mut sample: F)
+where
+    T: PartialEq + Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let start = Instant::now();
+    let mut samples = 0;
+    loop {
+        let now = sample().await;
+        samples += 1;
+        assert_eq!(
+            &now,
+            expected,
+            "{what}: changed {:?} into the {window:?} observation window",
+            start.elapsed()
+        );
+        let left = window.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+    }
+    assert!(samples >= 2, "{what}: observed only {samples} time(s)");
 }

@@ -13,7 +13,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tender_e2e::fixture::{
-    self, WAIT, Workspace, bytes, create_namespace, secret_value, wait_secret,
+    self, WAIT, Workspace, bytes, create_namespace, secret_value, settled, stays, wait_secret,
 };
 use tender_e2e::proxy::WriteGate;
 use tender_e2e::{HUB, downstream_name, eventually, shared_env, unique_name};
@@ -157,17 +157,27 @@ async fn copies_land_before_manifests_rotate_by_watch_and_go_with_the_bundle() {
 
     // Idle means idle: apart from the heartbeat, no writes at all.
     ws.ready("east", "app").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let before = east.handle().non_heartbeat_writes();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(
-        east.handle().non_heartbeat_writes(),
-        before,
-        "agent wrote while idle"
+    let before = settled(
+        "the agent's writes after the rotation",
+        Duration::from_secs(3),
+        || async { east.handle().non_heartbeat_writes() },
+    )
+    .await;
+    let heartbeats_before = east.handle().write_requests() - before;
+    stays(
+        "the agent's non-heartbeat writes while idle",
+        Duration::from_secs(10),
+        &before,
+        || async { east.handle().non_heartbeat_writes() },
+    )
+    .await;
+    let heartbeats = east.handle().write_requests() - before - heartbeats_before;
+    assert!(
+        heartbeats >= 2,
+        "the agent kept running (heartbeat writes went on: {heartbeats} in 10 s)"
     );
     eprintln!(
-        "idle 10s: {} non-heartbeat writes, {} total writes so far",
-        east.handle().non_heartbeat_writes() - before,
+        "idle 10s: 0 non-heartbeat writes, {heartbeats} heartbeat writes, {} total writes so far",
         east.handle().write_requests()
     );
 
@@ -955,8 +965,27 @@ async fn notable_transitions_are_events_on_the_bundle_deployment() {
         )
     })
     .await;
-    // Steady state makes no more events: one per transition, not one per reconcile.
-    let settled = reasons().await.unwrap().len();
-    tokio::time::sleep(Duration::from_secs(5)).await; // an observation window
-    assert_eq!(reasons().await.unwrap().len(), settled);
+    // Steady state makes no more events: one per transition, not one per reconcile. Over the
+    // window neither the Events on the BundleDeployment nor the agent's Event writes move.
+    let metrics = east.handle().metrics.shared();
+    let event_writes = move || {
+        ["create", "patch", "update"]
+            .iter()
+            .map(|verb| metrics.kube_requests(verb, "events", ""))
+            .sum::<u64>()
+    };
+    let writes = settled(
+        "the agent's Event writes after the correction",
+        Duration::from_secs(2),
+        || async { event_writes() },
+    )
+    .await;
+    let events_now = reasons().await.unwrap().len();
+    stays(
+        "Events on the BundleDeployment and the agent's Event writes",
+        Duration::from_secs(5),
+        &(events_now, writes),
+        || async { (reasons().await.unwrap().len(), event_writes()) },
+    )
+    .await;
 }

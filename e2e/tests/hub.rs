@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use tender_e2e::fixture::{Workspace, config_map, secret};
+use tender_e2e::fixture::{Workspace, config_map, secret, settled, stays};
 use tender_e2e::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
 use tender_e2e::{TestEnv, client_from_yaml, eventually, shared_env};
 use tender_types::conditions::{TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason};
@@ -829,15 +829,8 @@ async fn restarted_hub_writes_nothing_for_settled_objects_and_idle_means_idle() 
         .await;
     // Settled: the first hub's write count stops moving.
     let first = &w.hub;
-    let mut last = first.writes();
-    eventually("the first hub to settle", WAIT, || {
-        let now = first.writes();
-        let settled = now == last;
-        last = now;
-        async move {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            Ok::<_, std::convert::Infallible>(settled.then_some(()))
-        }
+    settled("the first hub's writes", Duration::from_secs(2), || async {
+        first.writes()
     })
     .await;
     eprintln!(
@@ -868,14 +861,14 @@ async fn restarted_hub_writes_nothing_for_settled_objects_and_idle_means_idle() 
         "restarted hub wrote to settled objects: {:?}",
         restarted.write_series()
     );
-    // The deliberate idle window.
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(
-        restarted.writes(),
-        0,
-        "hub wrote while idle: {:?}",
-        restarted.write_series()
-    );
+    // The deliberate idle window: no write series appears at any point of it.
+    stays(
+        "the restarted hub's writes while idle",
+        Duration::from_secs(30),
+        &Vec::new(),
+        || async { restarted.write_series() },
+    )
+    .await;
     eprintln!(
         "[{ws}] restarted hub: {} reconciles, {} copies skipped, 0 writes over 30 s idle",
         restarted.reconciles("bundle")

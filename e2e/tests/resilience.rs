@@ -17,7 +17,7 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use serde_json::{Value, json};
 use tender_e2e::agent_harness::{AgentHandle, start_agent};
-use tender_e2e::fixture::{WAIT, Workspace, app_bundle, secret_value, wait_secret};
+use tender_e2e::fixture::{WAIT, Workspace, app_bundle, secret_value, stays, wait_secret};
 use tender_e2e::hub_harness::{HubHandle, hub_config, spawn_hub};
 use tender_e2e::proxy::{TcpProxy, http_status};
 use tender_e2e::{
@@ -745,17 +745,15 @@ async fn hub_leader_election_one_writer_and_failover_within_the_lease() {
     .await;
     ws.bundle("app", leader_bundle("v3")).await;
     wait_mode("v3").await;
-    // A deliberate observation window for a second writer to show itself.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    assert_eq!(
-        a.writes(),
-        a_writes,
-        "the old leader wrote after it lost the Lease"
-    );
-    assert_eq!(
-        lease_holder(&leases).await.unwrap().as_deref(),
-        Some(b.identity.as_str())
-    );
+    // A deliberate observation window for a second writer to show itself: the old leader's
+    // write count and the Lease holder stay put across it.
+    stays(
+        "the old leader's writes (it lost the Lease) and the Lease holder",
+        Duration::from_secs(5),
+        &(a_writes, Some(b.identity.clone())),
+        || async { (a.writes(), lease_holder(&leases).await.unwrap()) },
+    )
+    .await;
 
     // B stops gracefully (releases the Lease): A takes over within the lease duration.
     b.stop().await;
