@@ -455,13 +455,30 @@ async fn drift_is_corrected_or_reported() {
         },
     )
     .await;
-    cms.patch(
-        "app-settings",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"secretRef": "changed"}})),
+    // What the agent has written to ConfigMaps downstream (apply or recreate) and corrected,
+    // once the re-apply for the new deploymentID is over.
+    let metrics = east.handle().metrics.clone();
+    let cm_writes = || {
+        (
+            metrics.writes_of("apply", "ConfigMap"),
+            metrics.writes_of("recreate", "ConfigMap"),
+            metrics.drift_corrected(),
+        )
+    };
+    let writes_before = settled(
+        "the agent's ConfigMap writes after correctDrift was turned off",
+        Duration::from_secs(2),
+        || async { cm_writes() },
     )
-    .await
-    .unwrap();
+    .await;
+    let drifted = cms
+        .patch(
+            "app-settings",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"secretRef": "changed"}})),
+        )
+        .await
+        .unwrap();
     eventually("drift reported as modified", WAIT, || async {
         let bd = ws.bds("east").get("app").await?;
         Ok::<_, kube::Error>(
@@ -471,11 +488,26 @@ async fn drift_is_corrected_or_reported() {
         )
     })
     .await;
-    assert_eq!(
-        cms.get("app-settings").await.unwrap().data.unwrap()["secretRef"],
-        "changed",
-        "not corrected"
-    );
+    // Not corrected: across a window the object keeps the drifted content and version, and
+    // the agent writes no ConfigMap and corrects nothing.
+    stays(
+        "app-settings drifted, the agent's ConfigMap writes and corrections",
+        Duration::from_secs(5),
+        &(
+            Some("changed".to_string()),
+            drifted.metadata.resource_version.clone(),
+            writes_before,
+        ),
+        || async {
+            let cm = cms.get("app-settings").await.unwrap();
+            (
+                cm.data.and_then(|d| d.get("secretRef").cloned()),
+                cm.metadata.resource_version,
+                cm_writes(),
+            )
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -619,15 +651,27 @@ async fn two_registrations_on_one_downstream_stay_apart() {
         .await;
     ws.ready("blue", "app-a").await;
     ws.ready("green", "app-b").await;
-
-    // Restarting one agent (start-up sweep) leaves the other's objects alone.
-    a.restart().await;
-    ws.ready("blue", "app-a").await;
     let down = ws.downstream(&b.downstream).await;
     let theirs = Api::<Secret>::namespaced(down.clone(), &ns_b)
         .get("db-creds")
         .await
         .unwrap();
+
+    // Restarting one agent (start-up sweep) leaves the other's objects alone.
+    a.restart().await;
+    ws.ready("blue", "app-a").await;
+    let after_restart = Api::<Secret>::namespaced(down.clone(), &ns_b)
+        .get("db-creds")
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &after_restart.metadata.uid,
+            &after_restart.metadata.resource_version
+        ),
+        (&theirs.metadata.uid, &theirs.metadata.resource_version),
+        "green's copy untouched by blue's restart"
+    );
 
     // Deleting one cluster's bundle removes only its objects.
     ws.delete_bundle("app-a").await;

@@ -20,13 +20,14 @@ async fn take_ownership_adopts_an_unmanaged_object() {
     let target = unique_name("apps");
     let down = ws.downstream(&east.downstream).await;
     create_namespace(&down, &target).await;
-    Api::<Secret>::namespaced(down.clone(), &target)
+    let hand_made = Api::<Secret>::namespaced(down.clone(), &target)
         .create(
             &PostParams::default(),
             &secret("db-creds", &[("password", "hand-made")]),
         )
         .await
         .unwrap();
+    assert!(hand_made.metadata.uid.is_some());
     ws.source_secret("db-creds", &[("password", "from-hub")])
         .await;
     ws.source_config_map("app-config", &[("mode", "blue")])
@@ -52,6 +53,21 @@ async fn take_ownership_adopts_an_unmanaged_object() {
         )),
         "the adopted Secret carries tender's ownership"
     );
+    // Adopted in place: the same object (uid), not deleted and created anew.
+    assert_eq!(
+        adopted.metadata.uid, hand_made.metadata.uid,
+        "the adopted Secret is the hand-made one, not a replacement"
+    );
+    let metrics = &east.handle().metrics;
+    assert_eq!(
+        (
+            metrics.writes_of("recreate", "Secret"),
+            metrics.writes_of("delete", "Secret")
+        ),
+        (0, 0),
+        "the agent neither recreated nor deleted a Secret to adopt it"
+    );
+    assert!(metrics.writes_of("apply", "Secret") >= 1);
 }
 
 #[tokio::test]
