@@ -441,6 +441,11 @@ async fn rotation_reaches_every_copy_and_removed_entries_are_deleted() {
         .into_iter()
         .map(|(ns, bd)| (ns, bd.spec.deployment_id))
         .collect();
+    assert_eq!(
+        before.len(),
+        CLUSTERS,
+        "a deploymentID recorded for every cluster before the rotation"
+    );
 
     // Rotate: only the Secret changes, nobody touches the Bundle.
     let started = Instant::now();
@@ -508,9 +513,15 @@ async fn rotation_reaches_every_copy_and_removed_entries_are_deleted() {
         );
     }
     let bds = w.deployments("app").await.unwrap();
+    assert_eq!(
+        bds.len(),
+        CLUSTERS,
+        "every cluster keeps its BundleDeployment"
+    );
     assert!(
         bds.values()
-            .all(|bd| bd.spec.options.downstream_resources.len() == 1)
+            .all(|bd| bd.spec.options.downstream_resources.len() == 1),
+        "every BundleDeployment lists only the ConfigMap copy"
     );
     eprintln!(
         "[{}] removed entry's 20 copies deleted in {:?}",
@@ -917,11 +928,14 @@ async fn deleting_a_bundle_removes_its_deployments_and_copies() {
         .unwrap();
     // The hub deletes every BundleDeployment; the agent's finalizer holds them (no agent here).
     eventually("every BundleDeployment to be deleting", WAIT, || async {
+        // All of them still there (held by the finalizer) and every one deleting.
         let bds = w.deployments("app").await?;
         Ok::<_, kube::Error>(
-            bds.values()
-                .all(|bd| bd.metadata.deletion_timestamp.is_some())
-                .then_some(()),
+            (bds.len() == CLUSTERS
+                && bds
+                    .values()
+                    .all(|bd| bd.metadata.deletion_timestamp.is_some()))
+            .then_some(()),
         )
     })
     .await;

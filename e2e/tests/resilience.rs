@@ -534,18 +534,29 @@ async fn copy_edited_by_hand_on_the_hub_is_restored_by_the_hub() {
         edited_at.elapsed()
     );
     // Only the hub manages the restored copy's content.
-    for m in restored.metadata.managed_fields.iter().flatten() {
-        let content = m
-            .fields_v1
-            .as_ref()
-            .and_then(|f| f.0.as_object())
-            .is_some_and(|f| f.contains_key("f:data"));
-        assert!(
-            !content || m.manager.as_deref() == Some(labels::HUB_FIELD_MANAGER),
-            "{:?} still owns the copy's data",
-            m.manager
-        );
-    }
+    let content_managers: Vec<Option<String>> = restored
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| {
+            m.fields_v1
+                .as_ref()
+                .and_then(|f| f.0.as_object())
+                .is_some_and(|f| f.contains_key("f:data"))
+        })
+        .map(|m| m.manager.clone())
+        .collect();
+    assert!(
+        !content_managers.is_empty(),
+        "some manager owns the restored copy's data"
+    );
+    assert!(
+        content_managers
+            .iter()
+            .all(|m| m.as_deref() == Some(labels::HUB_FIELD_MANAGER)),
+        "only the hub owns the restored copy's data, not {content_managers:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
