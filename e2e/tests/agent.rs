@@ -825,7 +825,6 @@ fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
 
 #[tokio::test]
 async fn no_secret_value_in_logs_events_status_or_metrics() {
-    use base64::Engine;
     captured_logs();
     let ws = Workspace::new(shared_env(2).await, "agent-secrecy").await;
     let east = ws.agent("east", &downstream_name(1)).await;
@@ -945,13 +944,60 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
     seen += &logs;
 
     for value in [&first, &second] {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(value);
-        for needle in [value.as_str(), b64.as_str()] {
-            assert!(
-                !seen.contains(needle),
-                "a Secret value ({needle}) leaked into logs, events, status or metrics"
-            );
+        if let Some(form) = leaked(&seen, value) {
+            panic!("a Secret value leaked into logs, events, status or metrics as {form}");
         }
+    }
+}
+
+/// The form in which Secret value `value` appears in `haystack`, if it does: as is, base64
+/// (how the API carries it) or as the Debug output of its bytes (what `{:?}` of a `Vec<u8>`,
+/// a `&[u8]` or a `ByteString` prints: `[112, 97, 115, 115]`, also pretty-printed or without
+/// spaces).
+fn leaked(haystack: &str, value: &str) -> Option<String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(value);
+    let debug = format!("{:?}", value.as_bytes());
+    if let Some(form) = [value, b64.as_str(), debug.as_str()]
+        .into_iter()
+        .find(|needle| haystack.contains(needle))
+    {
+        return Some(form.to_string());
+    }
+    // The decimal bytes comma-separated, matched with all whitespace removed from the haystack.
+    let decimals = value
+        .bytes()
+        .map(|b| b.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let compact: String = haystack.chars().filter(|c| !c.is_whitespace()).collect();
+    compact
+        .contains(&decimals)
+        .then(|| format!("Debug-formatted bytes [{decimals}]"))
+}
+
+#[test]
+fn the_leak_search_finds_every_form_of_a_value() {
+    let value = "pass";
+    let around = |s: String| format!("level=debug object={{\"data\": {s}}} done");
+    for form in [
+        "pass".to_string(),
+        "cGFzcw==".to_string(),
+        "[112, 97, 115, 115]".to_string(),
+        "[112,97,115,115]".to_string(),
+        format!("{:?}", value.as_bytes()),
+        format!("{:?}", value.as_bytes().to_vec()),
+        format!("{:#?}", value.as_bytes()),
+        format!("{:?}", k8s_openapi::ByteString(value.as_bytes().to_vec())),
+        format!("{:?}", bytes(&[("k", value)])),
+    ] {
+        assert!(
+            leaked(&around(form.clone()), value).is_some(),
+            "the leak search misses {form:?}"
+        );
+    }
+    for clean in ["pas", "[112, 97, 115]", "[112, 97, 115, 116]", "cGFzc"] {
+        assert_eq!(leaked(&around(clean.to_string()), value), None, "{clean}");
     }
 }
 
