@@ -67,6 +67,21 @@ impl AgentHandle {
             .sum()
     }
 
+    /// Write requests (create, update, patch, delete) on Secrets, ConfigMaps and Namespaces:
+    /// the agent writes those only downstream (on the hub it writes Leases, Cluster and
+    /// BundleDeployment status and Events), so this counts its downstream writes as they leave
+    /// its client.
+    pub fn downstream_write_requests(&self) -> u64 {
+        let m = self.metrics.shared();
+        ["secrets", "configmaps", "namespaces"]
+            .iter()
+            .flat_map(|r| {
+                ["create", "update", "patch", "delete", "deletecollection"]
+                    .map(|verb| m.kube_requests(verb, r, ""))
+            })
+            .sum()
+    }
+
     /// Write requests excluding the heartbeat (Lease renewals and Cluster status).
     pub fn non_heartbeat_writes(&self) -> u64 {
         let m = self.metrics.shared();
@@ -96,9 +111,20 @@ pub async fn start_agent(
     downstream: &str,
     config: AgentConfig,
 ) -> Result<AgentHandle> {
+    let down = env.kubeconfig_as(downstream, ADMIN_USER);
+    start_agent_with(hub_kubeconfig, &down, config).await
+}
+
+/// Like [`start_agent`], with the downstream reached through `downstream_kubeconfig` (YAML; e.g.
+/// an admin kubeconfig rewritten to go through a [`crate::proxy::WriteGate`]).
+pub async fn start_agent_with(
+    hub_kubeconfig: &str,
+    downstream_kubeconfig: &str,
+    config: AgentConfig,
+) -> Result<AgentHandle> {
     let metrics = AgentMetrics::register(Metrics::new());
     let hub = counted_client(hub_kubeconfig, &metrics).await?;
-    let down = counted_client(&env.kubeconfig_as(downstream, ADMIN_USER), &metrics).await?;
+    let down = counted_client(downstream_kubeconfig, &metrics).await?;
     let health = Health::new();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(tender_agent::run(

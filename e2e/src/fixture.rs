@@ -6,7 +6,9 @@
 //! [`TestEnv`] without seeing each other's objects.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
@@ -16,9 +18,10 @@ use tender_agent::AgentConfig;
 use tender_types::conditions::{TYPE_READY, is_true};
 use tender_types::{Bundle, BundleDeployment, Cluster, names};
 
-use crate::agent_harness::{AgentHandle, start_agent};
+use crate::agent_harness::{AgentHandle, start_agent_with};
 use crate::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
-use crate::{HUB, TestEnv, eventually, unique_name};
+use crate::proxy::WriteGate;
+use crate::{ADMIN_USER, HUB, TestEnv, eventually, unique_name};
 
 /// How long the fixtures wait for anything (a namespace provisioned, a BundleDeployment
 /// Ready, a Secret changed) before failing the test.
@@ -125,12 +128,26 @@ impl Workspace {
     /// Registers `cluster` and starts its agent against cluster `downstream` of the
     /// environment.
     pub async fn agent(&self, cluster: &str, downstream: &str) -> Agent {
+        let down = self.env.kubeconfig_as(downstream, ADMIN_USER);
+        self.agent_with(cluster, downstream, down).await
+    }
+
+    /// Like [`agent`](Self::agent), but the agent reaches `downstream` only through `gate`
+    /// (restarts too), which a test can make hold the agent's downstream writes.
+    pub async fn agent_through(&self, cluster: &str, downstream: &str, gate: &WriteGate) -> Agent {
+        let server = &self.env.cluster(downstream).server;
+        let down = gate.rewrite_kubeconfig(&self.env.kubeconfig_as(downstream, ADMIN_USER), server);
+        self.agent_with(cluster, downstream, down).await
+    }
+
+    async fn agent_with(&self, cluster: &str, downstream: &str, down: String) -> Agent {
         let (kubeconfig, config) = self.register(cluster).await;
-        let handle = start_agent(self.env, &kubeconfig, downstream, config.clone())
+        let handle = start_agent_with(&kubeconfig, &down, config.clone())
             .await
             .unwrap();
         Agent {
             kubeconfig,
+            downstream_kubeconfig: down,
             config,
             downstream: downstream.to_string(),
             handle: Some(handle),
@@ -217,6 +234,7 @@ impl Workspace {
 /// Dropping it kills the agent.
 pub struct Agent {
     kubeconfig: String,
+    downstream_kubeconfig: String,
     config: AgentConfig,
     /// The environment's cluster the agent deploys to.
     pub downstream: String,
@@ -231,13 +249,18 @@ impl Agent {
         }
     }
 
-    /// Kills the agent if it runs and starts it again, same identity and configuration.
-    pub async fn restart(&mut self, env: &TestEnv) {
+    /// Kills the agent if it runs and starts it again, same identity, configuration and way
+    /// to its downstream cluster.
+    pub async fn restart(&mut self) {
         self.kill().await;
         self.handle = Some(
-            start_agent(env, &self.kubeconfig, &self.downstream, self.config.clone())
-                .await
-                .unwrap(),
+            start_agent_with(
+                &self.kubeconfig,
+                &self.downstream_kubeconfig,
+                self.config.clone(),
+            )
+            .await
+            .unwrap(),
         );
     }
 
@@ -353,4 +376,59 @@ pub async fn wait_secret(
         Ok::<_, kube::Error>(api.get_opt(name).await?.filter(|s| check(s)))
     })
     .await
+}
+
+/// Waits until `sample` has kept one value for `quiet` (polled every 250 ms; at most [`WAIT`]),
+/// e.g. a write counter after a burst of work; returns that value. `what` names the wait in the
+/// failure message.
+pub async fn settled<T, F, Fut>(what: &str, quiet: Duration, mut sample: F) -> T
+where
+    T: PartialEq + Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let deadline = Instant::now() + WAIT;
+    let mut last = sample().await;
+    let mut since = Instant::now();
+    while since.elapsed() < quiet {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not settle within {WAIT:?} (still changing: {last:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = sample().await;
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    last
+}
+
+/// Observes `sample` across `window` (at its start, every 500 ms and at its end) and fails
+/// at the first sample that is not `expected`: "nothing happened" as an assertion that can
+/// fail, not a sleep. `what` names the observation in the failure message.
+pub async fn stays<T, F, Fut>(what: &str, window: Duration, expected: &T, mut sample: F)
+where
+    T: PartialEq + Debug,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = T>,
+{
+    let start = Instant::now();
+    let mut samples = 0;
+    loop {
+        let now = sample().await;
+        samples += 1;
+        assert_eq!(
+            &now,
+            expected,
+            "{what}: changed {:?} into the {window:?} observation window",
+            start.elapsed()
+        );
+        let left = window.saturating_sub(start.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        tokio::time::sleep(left.min(Duration::from_millis(500))).await;
+    }
+    assert!(samples >= 2, "{what}: observed only {samples} time(s)");
 }

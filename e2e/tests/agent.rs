@@ -13,8 +13,9 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tender_e2e::fixture::{
-    self, WAIT, Workspace, bytes, create_namespace, secret_value, wait_secret,
+    self, WAIT, Workspace, bytes, create_namespace, secret_value, settled, stays, wait_secret,
 };
+use tender_e2e::proxy::WriteGate;
 use tender_e2e::{HUB, downstream_name, eventually, shared_env, unique_name};
 use tender_types::ObjectState;
 use tender_types::conditions::{TYPE_READY, find_condition, is_true};
@@ -156,17 +157,27 @@ async fn copies_land_before_manifests_rotate_by_watch_and_go_with_the_bundle() {
 
     // Idle means idle: apart from the heartbeat, no writes at all.
     ws.ready("east", "app").await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let before = east.handle().non_heartbeat_writes();
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(
-        east.handle().non_heartbeat_writes(),
-        before,
-        "agent wrote while idle"
+    let before = settled(
+        "the agent's writes after the rotation",
+        Duration::from_secs(3),
+        || async { east.handle().non_heartbeat_writes() },
+    )
+    .await;
+    let heartbeats_before = east.handle().write_requests() - before;
+    stays(
+        "the agent's non-heartbeat writes while idle",
+        Duration::from_secs(10),
+        &before,
+        || async { east.handle().non_heartbeat_writes() },
+    )
+    .await;
+    let heartbeats = east.handle().write_requests() - before - heartbeats_before;
+    assert!(
+        heartbeats >= 2,
+        "the agent kept running (heartbeat writes went on: {heartbeats} in 10 s)"
     );
     eprintln!(
-        "idle 10s: {} non-heartbeat writes, {} total writes so far",
-        east.handle().non_heartbeat_writes() - before,
+        "idle 10s: 0 non-heartbeat writes, {heartbeats} heartbeat writes, {} total writes so far",
         east.handle().write_requests()
     );
 
@@ -444,13 +455,30 @@ async fn drift_is_corrected_or_reported() {
         },
     )
     .await;
-    cms.patch(
-        "app-settings",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"secretRef": "changed"}})),
+    // What the agent has written to ConfigMaps downstream (apply or recreate) and corrected,
+    // once the re-apply for the new deploymentID is over.
+    let metrics = east.handle().metrics.clone();
+    let cm_writes = || {
+        (
+            metrics.writes_of("apply", "ConfigMap"),
+            metrics.writes_of("recreate", "ConfigMap"),
+            metrics.drift_corrected(),
+        )
+    };
+    let writes_before = settled(
+        "the agent's ConfigMap writes after correctDrift was turned off",
+        Duration::from_secs(2),
+        || async { cm_writes() },
     )
-    .await
-    .unwrap();
+    .await;
+    let drifted = cms
+        .patch(
+            "app-settings",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"secretRef": "changed"}})),
+        )
+        .await
+        .unwrap();
     eventually("drift reported as modified", WAIT, || async {
         let bd = ws.bds("east").get("app").await?;
         Ok::<_, kube::Error>(
@@ -460,17 +488,42 @@ async fn drift_is_corrected_or_reported() {
         )
     })
     .await;
-    assert_eq!(
-        cms.get("app-settings").await.unwrap().data.unwrap()["secretRef"],
-        "changed",
-        "not corrected"
-    );
+    // Not corrected: across a window the object keeps the drifted content and version, and
+    // the agent writes no ConfigMap and corrects nothing.
+    stays(
+        "app-settings drifted, the agent's ConfigMap writes and corrections",
+        Duration::from_secs(5),
+        &(
+            Some("changed".to_string()),
+            drifted.metadata.resource_version.clone(),
+            writes_before,
+        ),
+        || async {
+            let cm = cms.get("app-settings").await.unwrap();
+            (
+                cm.data.and_then(|d| d.get("secretRef").cloned()),
+                cm.metadata.resource_version,
+                cm_writes(),
+            )
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn agent_killed_mid_apply_converges_after_restart() {
     let ws = Workspace::new(shared_env(2).await, "agent-kill").await;
-    let mut east = ws.agent("east", &downstream_name(1)).await;
+    let downstream = downstream_name(1);
+    // The agent reaches its downstream cluster only through a gate that can hold its writes.
+    let gate = WriteGate::start(ws.downstream(&downstream).await)
+        .await
+        .unwrap();
+    let mut east = ws.agent_through("east", &downstream, &gate).await;
+    eventually("the agent to finish its start-up", WAIT, || {
+        let ready = east.handle().health.is_ready();
+        async move { Ok::<_, std::convert::Infallible>(ready.then_some(())) }
+    })
+    .await;
     ws.source_secret("db-creds", &[("password", "one")]).await;
     ws.source_config_map("app-config", &[("mode", "blue")])
         .await;
@@ -481,19 +534,93 @@ async fn agent_killed_mid_apply_converges_after_restart() {
             .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("part-{i}")}, "data": {"i": i.to_string()}}))
             .collect(),
     );
-    ws.bundle("app", spec).await;
-    let down = ws.downstream(&east.downstream).await;
+    let down = ws.downstream(&downstream).await;
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &target);
-    // Kill as soon as the agent has started writing.
-    eventually("the agent started applying", WAIT, || async {
-        Ok::<_, kube::Error>(cms.get_opt("app-config").await?.map(|_| ()))
+    let parts_in_place = || async {
+        let list = cms.list(&Default::default()).await.unwrap();
+        list.items
+            .iter()
+            .filter(|c| c.name_any().starts_with("part-"))
+            .count()
+    };
+
+    // Let the apply's first writes through (its namespace, the copies, the first parts), then
+    // hold the next one, so the kill below lands while a write is in flight.
+    let passed_before = gate.forwarded_writes();
+    gate.hold_writes_after(6);
+    ws.bundle("app", spec).await;
+    let held =
+        eventually(
+            "a downstream write of the apply held at the gate",
+            WAIT,
+            || {
+                let holding = gate.holding();
+                async move {
+                    Ok::<_, std::convert::Infallible>((!holding.is_empty()).then_some(holding))
+                }
+            },
+        )
+        .await;
+    assert_eq!(
+        gate.forwarded_writes() - passed_before,
+        6,
+        "the gate let exactly the allowance through before holding"
+    );
+    assert_eq!(
+        east.handle().downstream_write_requests(),
+        gate.forwarded_writes() + held.len() as u64,
+        "every write the agent sent downstream either passed the gate or is held there: {held:?}"
+    );
+    let parts_at_kill = parts_in_place().await;
+    east.kill().await;
+    // A held write to one of the Bundle's objects has not landed.
+    let prefix = format!("/api/v1/namespaces/{target}/configmaps/");
+    for name in held
+        .iter()
+        .filter_map(|h| h.split_once(&prefix).map(|(_, n)| n))
+    {
+        assert!(
+            cms.get_opt(name).await.unwrap().is_none(),
+            "{name} is downstream although its write was held"
+        );
+    }
+    // The kill landed mid-apply: part of the Bundle is downstream, the rest is not, and the
+    // BundleDeployment does not say applied.
+    assert!(
+        parts_at_kill < 40,
+        "the apply was still in progress at the kill, yet all 40 parts were in place"
+    );
+    assert!(
+        cms.get_opt("app-config").await.unwrap().is_some(),
+        "the apply had started: the ConfigMap copy is in place"
+    );
+    let bd = ws.bds("east").get("app").await.unwrap();
+    assert_ne!(
+        bd.status.and_then(|s| s.applied_deployment_id),
+        Some(bd.spec.deployment_id),
+        "the BundleDeployment was not applied at the kill"
+    );
+    // The held write dies with the agent, unsent.
+    gate.discard_held();
+    eventually("the held write dropped unsent", WAIT, || {
+        let dropped = gate.discarded();
+        async move { Ok::<_, std::convert::Infallible>((dropped >= 1).then_some(())) }
     })
     .await;
-    east.kill().await;
-    let partial = cms.list(&Default::default()).await.unwrap().items.len();
-    eprintln!("killed with {partial} ConfigMaps in place");
-    east.restart(ws.env).await;
+    assert!(gate.held_total() >= 1, "the gate held a write");
+    eprintln!("killed while the gate held {held:?}, with {parts_at_kill} of 40 parts in place");
+
+    east.restart().await;
     ws.ready("east", "app").await;
+    assert_eq!(
+        parts_in_place().await,
+        40,
+        "every part in place after the restart"
+    );
+    for i in [0, 20, 39] {
+        let part = cms.get(&format!("part-{i}")).await.unwrap();
+        assert_eq!(part.data.unwrap()["i"], i.to_string(), "part-{i}");
+    }
     let all = cms.list(&Default::default()).await.unwrap().items.len();
     assert_eq!(all, 40 + 1 + 1, "40 parts, the copy and kube-root-ca.crt");
 
@@ -502,7 +629,7 @@ async fn agent_killed_mid_apply_converges_after_restart() {
     let mut smaller = app_bundle(&["east"], &target, false);
     smaller["resources"] = json!([{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "part-0"}, "data": {"i": "zero"}}]);
     ws.bundle("app", smaller).await;
-    east.restart(ws.env).await;
+    east.restart().await;
     ws.ready("east", "app").await;
     wait_gone(&cms, "part-39", "pruned manifest").await;
     assert_eq!(cms.get("part-0").await.unwrap().data.unwrap()["i"], "zero");
@@ -524,15 +651,27 @@ async fn two_registrations_on_one_downstream_stay_apart() {
         .await;
     ws.ready("blue", "app-a").await;
     ws.ready("green", "app-b").await;
-
-    // Restarting one agent (start-up sweep) leaves the other's objects alone.
-    a.restart(ws.env).await;
-    ws.ready("blue", "app-a").await;
     let down = ws.downstream(&b.downstream).await;
     let theirs = Api::<Secret>::namespaced(down.clone(), &ns_b)
         .get("db-creds")
         .await
         .unwrap();
+
+    // Restarting one agent (start-up sweep) leaves the other's objects alone.
+    a.restart().await;
+    ws.ready("blue", "app-a").await;
+    let after_restart = Api::<Secret>::namespaced(down.clone(), &ns_b)
+        .get("db-creds")
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            &after_restart.metadata.uid,
+            &after_restart.metadata.resource_version
+        ),
+        (&theirs.metadata.uid, &theirs.metadata.resource_version),
+        "green's copy untouched by blue's restart"
+    );
 
     // Deleting one cluster's bundle removes only its objects.
     ws.delete_bundle("app-a").await;
@@ -636,7 +775,7 @@ async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
         "nothing happens while the agent is away"
     );
 
-    east.restart(ws.env).await;
+    east.restart().await;
     wait_gone(
         &Api::<Secret>::namespaced(down.clone(), &gone_ns),
         "db-creds",
@@ -686,7 +825,6 @@ fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
 
 #[tokio::test]
 async fn no_secret_value_in_logs_events_status_or_metrics() {
-    use base64::Engine;
     captured_logs();
     let ws = Workspace::new(shared_env(2).await, "agent-secrecy").await;
     let east = ws.agent("east", &downstream_name(1)).await;
@@ -804,13 +942,60 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
     seen += &logs;
 
     for value in [&first, &second] {
-        let b64 = base64::engine::general_purpose::STANDARD.encode(value);
-        for needle in [value.as_str(), b64.as_str()] {
-            assert!(
-                !seen.contains(needle),
-                "a Secret value ({needle}) leaked into logs, events, status or metrics"
-            );
+        if let Some(form) = leaked(&seen, value) {
+            panic!("a Secret value leaked into logs, events, status or metrics as {form}");
         }
+    }
+}
+
+/// The form in which Secret value `value` appears in `haystack`, if it does: as is, base64
+/// (how the API carries it) or as the Debug output of its bytes (what `{:?}` of a `Vec<u8>`,
+/// a `&[u8]` or a `ByteString` prints: `[112, 97, 115, 115]`, also pretty-printed or without
+/// spaces).
+fn leaked(haystack: &str, value: &str) -> Option<String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(value);
+    let debug = format!("{:?}", value.as_bytes());
+    if let Some(form) = [value, b64.as_str(), debug.as_str()]
+        .into_iter()
+        .find(|needle| haystack.contains(needle))
+    {
+        return Some(form.to_string());
+    }
+    // The decimal bytes comma-separated, matched with all whitespace removed from the haystack.
+    let decimals = value
+        .bytes()
+        .map(|b| b.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let compact: String = haystack.chars().filter(|c| !c.is_whitespace()).collect();
+    compact
+        .contains(&decimals)
+        .then(|| format!("Debug-formatted bytes [{decimals}]"))
+}
+
+#[test]
+fn the_leak_search_finds_every_form_of_a_value() {
+    let value = "pass";
+    let around = |s: String| format!("level=debug object={{\"data\": {s}}} done");
+    for form in [
+        "pass".to_string(),
+        "cGFzcw==".to_string(),
+        "[112, 97, 115, 115]".to_string(),
+        "[112,97,115,115]".to_string(),
+        format!("{:?}", value.as_bytes()),
+        format!("{:?}", value.as_bytes().to_vec()),
+        format!("{:#?}", value.as_bytes()),
+        format!("{:?}", k8s_openapi::ByteString(value.as_bytes().to_vec())),
+        format!("{:?}", bytes(&[("k", value)])),
+    ] {
+        assert!(
+            leaked(&around(form.clone()), value).is_some(),
+            "the leak search misses {form:?}"
+        );
+    }
+    for clean in ["pas", "[112, 97, 115]", "[112, 97, 115, 116]", "cGFzc"] {
+        assert_eq!(leaked(&around(clean.to_string()), value), None, "{clean}");
     }
 }
 
@@ -868,8 +1053,27 @@ async fn notable_transitions_are_events_on_the_bundle_deployment() {
         )
     })
     .await;
-    // Steady state makes no more events: one per transition, not one per reconcile.
-    let settled = reasons().await.unwrap().len();
-    tokio::time::sleep(Duration::from_secs(5)).await; // an observation window
-    assert_eq!(reasons().await.unwrap().len(), settled);
+    // Steady state makes no more events: one per transition, not one per reconcile. Over the
+    // window neither the Events on the BundleDeployment nor the agent's Event writes move.
+    let metrics = east.handle().metrics.shared();
+    let event_writes = move || {
+        ["create", "patch", "update"]
+            .iter()
+            .map(|verb| metrics.kube_requests(verb, "events", ""))
+            .sum::<u64>()
+    };
+    let writes = settled(
+        "the agent's Event writes after the correction",
+        Duration::from_secs(2),
+        || async { event_writes() },
+    )
+    .await;
+    let events_now = reasons().await.unwrap().len();
+    stays(
+        "Events on the BundleDeployment and the agent's Event writes",
+        Duration::from_secs(5),
+        &(events_now, writes),
+        || async { (reasons().await.unwrap().len(), event_writes()) },
+    )
+    .await;
 }

@@ -8,6 +8,13 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use tender_e2e::{HUB, crds::install_crds, shared_env, unique_name};
 
+/// The fixtures in `crates/types/tests/fixtures/valid`: every one must be accepted.
+const VALID_FIXTURES: usize = 7;
+/// The fixtures in `crates/types/tests/fixtures/invalid`: every one must be rejected.
+const INVALID_FIXTURES: usize = 24;
+
+/// Every fixture of `kind` (`valid` or `invalid`) with its text, sorted by path. Fails when the
+/// directory holds anything that is not a `.yaml` fixture, so none is silently skipped.
 fn fixtures(kind: &str) -> Vec<(PathBuf, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../crates/types/tests/fixtures")
@@ -15,8 +22,12 @@ fn fixtures(kind: &str) -> Vec<(PathBuf, String)> {
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .map(|p| {
+            assert!(
+                p.extension().is_some_and(|e| e == "yaml"),
+                "{} is not a .yaml fixture and would not be sent",
+                p.display()
+            );
             let text = std::fs::read_to_string(&p).unwrap();
             (p, text)
         })
@@ -64,20 +75,34 @@ async fn setup() -> (kube::Client, String) {
 async fn valid_objects_are_accepted() {
     let (client, ns) = setup().await;
     let files = fixtures("valid");
-    assert!(files.len() >= 5);
+    assert_eq!(
+        files.len(),
+        VALID_FIXTURES,
+        "valid fixtures found: {:#?}",
+        files.iter().map(|(p, _)| p).collect::<Vec<_>>()
+    );
+    let mut accepted = 0;
     for (path, text) in files {
         let obj: DynamicObject = serde_saphyr::from_str(&text).unwrap();
         let api = api_for(&client, &ns, &obj);
         if let Err(e) = api.create(&PostParams::default(), &obj).await {
             panic!("{} was rejected: {e}", path.display());
         }
+        accepted += 1;
     }
+    assert_eq!(accepted, VALID_FIXTURES, "valid objects accepted");
 }
 
 #[tokio::test]
 async fn invalid_objects_are_rejected_naming_the_field() {
     let (client, ns) = setup().await;
     let files = fixtures("invalid");
+    assert_eq!(
+        files.len(),
+        INVALID_FIXTURES,
+        "invalid fixtures found: {:#?}",
+        files.iter().map(|(p, _)| p).collect::<Vec<_>>()
+    );
     let mut rejected = 0;
     for (path, text) in &files {
         let expect = text
@@ -107,9 +132,9 @@ async fn invalid_objects_are_rejected_naming_the_field() {
             Err(e) => panic!("{}: unexpected error {e}", path.display()),
         }
     }
-    assert!(
-        rejected >= 12,
-        "only {rejected} distinct invalid objects rejected"
+    assert_eq!(
+        rejected, INVALID_FIXTURES,
+        "invalid objects rejected, each naming its field"
     );
 }
 

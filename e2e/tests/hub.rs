@@ -11,7 +11,7 @@ use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use tender_e2e::fixture::{Workspace, config_map, secret};
+use tender_e2e::fixture::{Workspace, config_map, secret, settled, stays};
 use tender_e2e::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
 use tender_e2e::{TestEnv, client_from_yaml, eventually, shared_env};
 use tender_types::conditions::{TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason};
@@ -441,6 +441,11 @@ async fn rotation_reaches_every_copy_and_removed_entries_are_deleted() {
         .into_iter()
         .map(|(ns, bd)| (ns, bd.spec.deployment_id))
         .collect();
+    assert_eq!(
+        before.len(),
+        CLUSTERS,
+        "a deploymentID recorded for every cluster before the rotation"
+    );
 
     // Rotate: only the Secret changes, nobody touches the Bundle.
     let started = Instant::now();
@@ -508,9 +513,15 @@ async fn rotation_reaches_every_copy_and_removed_entries_are_deleted() {
         );
     }
     let bds = w.deployments("app").await.unwrap();
+    assert_eq!(
+        bds.len(),
+        CLUSTERS,
+        "every cluster keeps its BundleDeployment"
+    );
     assert!(
         bds.values()
-            .all(|bd| bd.spec.options.downstream_resources.len() == 1)
+            .all(|bd| bd.spec.options.downstream_resources.len() == 1),
+        "every BundleDeployment lists only the ConfigMap copy"
     );
     eprintln!(
         "[{}] removed entry's 20 copies deleted in {:?}",
@@ -829,15 +840,8 @@ async fn restarted_hub_writes_nothing_for_settled_objects_and_idle_means_idle() 
         .await;
     // Settled: the first hub's write count stops moving.
     let first = &w.hub;
-    let mut last = first.writes();
-    eventually("the first hub to settle", WAIT, || {
-        let now = first.writes();
-        let settled = now == last;
-        last = now;
-        async move {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            Ok::<_, std::convert::Infallible>(settled.then_some(()))
-        }
+    settled("the first hub's writes", Duration::from_secs(2), || async {
+        first.writes()
     })
     .await;
     eprintln!(
@@ -868,14 +872,14 @@ async fn restarted_hub_writes_nothing_for_settled_objects_and_idle_means_idle() 
         "restarted hub wrote to settled objects: {:?}",
         restarted.write_series()
     );
-    // The deliberate idle window.
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(
-        restarted.writes(),
-        0,
-        "hub wrote while idle: {:?}",
-        restarted.write_series()
-    );
+    // The deliberate idle window: no write series appears at any point of it.
+    stays(
+        "the restarted hub's writes while idle",
+        Duration::from_secs(30),
+        &Vec::new(),
+        || async { restarted.write_series() },
+    )
+    .await;
     eprintln!(
         "[{ws}] restarted hub: {} reconciles, {} copies skipped, 0 writes over 30 s idle",
         restarted.reconciles("bundle")
@@ -924,11 +928,14 @@ async fn deleting_a_bundle_removes_its_deployments_and_copies() {
         .unwrap();
     // The hub deletes every BundleDeployment; the agent's finalizer holds them (no agent here).
     eventually("every BundleDeployment to be deleting", WAIT, || async {
+        // All of them still there (held by the finalizer) and every one deleting.
         let bds = w.deployments("app").await?;
         Ok::<_, kube::Error>(
-            bds.values()
-                .all(|bd| bd.metadata.deletion_timestamp.is_some())
-                .then_some(()),
+            (bds.len() == CLUSTERS
+                && bds
+                    .values()
+                    .all(|bd| bd.metadata.deletion_timestamp.is_some()))
+            .then_some(()),
         )
     })
     .await;

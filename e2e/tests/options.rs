@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use tender_e2e::fixture::{
-    Workspace, app_bundle, create_namespace, secret, secret_value, wait_secret,
+    Workspace, app_bundle, create_namespace, secret, secret_value, stays, wait_secret,
 };
 use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
 use tender_types::conditions::{TYPE_READY, find_condition, reason};
@@ -20,13 +20,14 @@ async fn take_ownership_adopts_an_unmanaged_object() {
     let target = unique_name("apps");
     let down = ws.downstream(&east.downstream).await;
     create_namespace(&down, &target).await;
-    Api::<Secret>::namespaced(down.clone(), &target)
+    let hand_made = Api::<Secret>::namespaced(down.clone(), &target)
         .create(
             &PostParams::default(),
             &secret("db-creds", &[("password", "hand-made")]),
         )
         .await
         .unwrap();
+    assert!(hand_made.metadata.uid.is_some());
     ws.source_secret("db-creds", &[("password", "from-hub")])
         .await;
     ws.source_config_map("app-config", &[("mode", "blue")])
@@ -52,6 +53,21 @@ async fn take_ownership_adopts_an_unmanaged_object() {
         )),
         "the adopted Secret carries tender's ownership"
     );
+    // Adopted in place: the same object (uid), not deleted and created anew.
+    assert_eq!(
+        adopted.metadata.uid, hand_made.metadata.uid,
+        "the adopted Secret is the hand-made one, not a replacement"
+    );
+    let metrics = &east.handle().metrics;
+    assert_eq!(
+        (
+            metrics.writes_of("recreate", "Secret"),
+            metrics.writes_of("delete", "Secret")
+        ),
+        (0, 0),
+        "the agent neither recreated nor deleted a Secret to adopt it"
+    );
+    assert!(metrics.writes_of("apply", "Secret") >= 1);
 }
 
 #[tokio::test]
@@ -87,9 +103,18 @@ async fn paused_bundle_holds_changes_until_unpaused() {
     .await;
 
     // A rotation while paused: the hub records it, the downstream Secret stays as it was.
-    ws.source_secret("db-creds", &[("password", "two")]).await;
     let secrets: Api<Secret> = Api::namespaced(down.clone(), &target);
     let before = secrets.get("db-creds").await.unwrap();
+    assert_eq!(secret_value(&before, "password").as_deref(), Some("one"));
+    let metrics = east.handle().metrics.clone();
+    let secret_writes = move || {
+        (
+            metrics.writes_of("apply", "Secret"),
+            metrics.writes_of("recreate", "Secret"),
+        )
+    };
+    let writes_before = secret_writes();
+    ws.source_secret("db-creds", &[("password", "two")]).await;
     eventually(
         "the new deploymentID on the paused BundleDeployment",
         WAIT,
@@ -105,13 +130,26 @@ async fn paused_bundle_holds_changes_until_unpaused() {
         },
     )
     .await;
-    tokio::time::sleep(std::time::Duration::from_secs(3)).await; // a window for a wrong apply
-    let during = secrets.get("db-creds").await.unwrap();
-    assert_eq!(secret_value(&during, "password").as_deref(), Some("one"));
-    assert_eq!(
-        during.metadata.resource_version,
-        before.metadata.resource_version
-    );
+    // A window for a wrong apply: the downstream Secret keeps its value and version, and the
+    // agent writes no Secret, from before the rotation to the end of the window.
+    stays(
+        "the paused Secret downstream and the agent's Secret writes",
+        std::time::Duration::from_secs(3),
+        &(
+            Some("one".to_string()),
+            before.metadata.resource_version.clone(),
+            writes_before,
+        ),
+        || async {
+            let during = secrets.get("db-creds").await.unwrap();
+            (
+                secret_value(&during, "password"),
+                during.metadata.resource_version,
+                secret_writes(),
+            )
+        },
+    )
+    .await;
 
     ws.bundle("app", app_bundle(&["east"], &target)).await;
     wait_secret(

@@ -18,6 +18,10 @@
 //! ```sh
 //! cargo run --release -p tender-e2e --bin tender-bench -- --clusters 100,1000
 //! ```
+//!
+//! It checks two invariants at every size and exits non-zero (after printing every figure)
+//! when one fails: the rotation writes exactly 2N times (N Secret copies, N BundleDeployments)
+//! and the hub writes nothing while idle.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
@@ -375,9 +379,9 @@ fn has_hash<K>(m: &PartialObjectMeta<K>, want: &str) -> bool {
         == Some(want)
 }
 
-/// One size: a fresh environment and hub, then the four phases. Returns them and the bench's
-/// RSS before the hub started.
-async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64)> {
+/// One size: a fresh environment and hub, then the four phases. Returns them, the bench's
+/// RSS before the hub started and the invariants that failed (empty when all hold).
+async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>)> {
     let timeout = Duration::from_secs(args.timeout_seconds);
     let env = TestEnv::start(EnvOptions::default()).await?;
     let pids = Pids::find(&env)?;
@@ -549,23 +553,31 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64)> {
     let (rotation, idle) = (&phases[2], &phases[3]);
     let copy_writes = rotation.count(|v, r| v == "patch" && r == "secrets");
     let bd_writes = rotation.count(|v, r| v == "patch" && r == "bundledeployments");
-    let verdict = |ok: bool| if ok { "OK" } else { "UNEXPECTED" };
-    println!(
-        "  rotation: {} writes = {copy_writes} Secret copies + {bd_writes} BundleDeployments + {} other (expected 2N = {}) {}",
+    let mut failed = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            failed.push(format!("N={n}: {what}"));
+        }
+        if ok { "OK" } else { "FAILED" }
+    };
+    let rotation_line = format!(
+        "rotation: {} writes = {copy_writes} Secret copies + {bd_writes} BundleDeployments + {} other (expected 2N = {})",
         rotation.writes(),
         rotation.writes() - copy_writes - bd_writes,
         2 * n,
-        verdict(rotation.writes() == 2 * n as u64)
     );
-    println!(
-        "  idle {} s: {} writes {}",
+    let verdict = check(rotation.writes() == 2 * n as u64, rotation_line.clone());
+    println!("  {rotation_line} {verdict}");
+    let idle_line = format!(
+        "idle {} s: {} writes (expected 0)",
         args.idle_seconds,
-        idle.writes(),
-        verdict(idle.writes() == 0)
+        idle.writes()
     );
+    let verdict = check(idle.writes() == 0, idle_line.clone());
+    println!("  {idle_line} {verdict}");
     hub.stop().await?;
     drop(env);
-    Ok((phases, rss_before))
+    Ok((phases, rss_before, failed))
 }
 
 fn ratio(a: f64, b: f64) -> String {
@@ -664,10 +676,19 @@ async fn main() -> Result<()> {
         "warn,kube_client=off,kube_runtime=off",
     )?;
     let mut results = Vec::new();
+    let mut failed = Vec::new();
     for &n in &args.clusters {
-        let (phases, rss_before) = run_size(n, &args).await?;
+        let (phases, rss_before, failures) = run_size(n, &args).await?;
         results.push((n, phases, rss_before));
+        failed.extend(failures);
     }
     print_summary(&results);
+    if !failed.is_empty() {
+        for f in &failed {
+            eprintln!("invariant failed: {f}");
+        }
+        bail!("{} benchmark invariant(s) failed", failed.len());
+    }
+    println!("\nall invariants hold");
     Ok(())
 }
