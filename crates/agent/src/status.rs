@@ -38,6 +38,18 @@ pub fn object_ref(s: &ObjectStatus) -> ObjectRef {
     }
 }
 
+/// The status of object `key`.
+pub fn object(key: &ObjectRef, state: ObjectState, message: Option<String>) -> ObjectStatus {
+    ObjectStatus {
+        api_version: key.api_version.clone(),
+        kind: key.kind.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        state,
+        message,
+    }
+}
+
 /// `Kind ns/name` for messages.
 pub fn describe(r: &ObjectRef) -> String {
     match &r.namespace {
@@ -302,9 +314,9 @@ mod tests {
     #[test]
     fn conflicting_copy_blocks_the_deployment() {
         let mut o = outcome(false);
-        o.copies[0].state = ObjectState::Conflict.into();
+        o.copies[0].state = ObjectState::Conflict;
         o.copies[0].message = Some("exists and was not created by tender".into());
-        o.manifests[0].state = ObjectState::Missing.into();
+        o.manifests[0].state = ObjectState::Missing;
         let s = compute(None, &o, at(1));
         let rc = find_condition(&s.conditions, TYPE_RESOURCES_COPIED).unwrap();
         assert_eq!(
@@ -322,7 +334,7 @@ mod tests {
     #[test]
     fn drift_is_reported_and_corrections_stay_visible() {
         let mut o = outcome(true);
-        o.copies[0].state = ObjectState::Modified.into();
+        o.copies[0].state = ObjectState::Modified;
         let s = compute(None, &o, at(1));
         let ready = find_condition(&s.conditions, TYPE_READY).unwrap();
         assert_eq!(ready.reason, reason::MODIFIED);
@@ -375,7 +387,7 @@ mod tests {
     #[test]
     fn not_ready_objects_are_listed() {
         let mut o = outcome(true);
-        o.manifests[0].state = ObjectState::NotReady.into();
+        o.manifests[0].state = ObjectState::NotReady;
         o.manifests[0].message = Some("0/1 replicas available".into());
         let s = compute(None, &o, at(1));
         assert_eq!(s.non_ready.len(), 1);
