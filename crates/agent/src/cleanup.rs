@@ -10,13 +10,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
-use tender_runtime::Op;
 use tender_types::labels;
 use tender_types::{BundleDeployment, ObjectRef};
 
 use crate::context::Context;
 use crate::inventory::Recorded;
-use crate::plan::{self, Owner, Ownership, cluster_selector};
+use crate::plan::{self, Owner, cluster_selector};
 use crate::status::describe;
 use crate::{Error, Result};
 
@@ -74,24 +73,9 @@ async fn remove_object(ctx: &Context, owner: &Owner, r: &ObjectRef, keep: bool) 
     else {
         return Ok(());
     };
-    if plan::ownership(obj.metadata.annotations.as_ref(), owner) != Ownership::Ours {
+    let Some((op, action)) = plan::removal_op(key, &obj.metadata, owner, keep) else {
         tracing::debug!(object = %describe(r), "not owned by {}; left alone", owner.annotation());
         return Ok(());
-    }
-    let marked = obj
-        .annotations()
-        .get(labels::KEEP_RESOURCES)
-        .is_some_and(|v| v == "true");
-    let (op, action) = if keep || marked {
-        let patch = plan::strip_patch(
-            obj.metadata.labels.as_ref(),
-            obj.metadata.annotations.as_ref(),
-        );
-        (Op::MergePatch { key, patch }, "strip")
-    } else {
-        // Bound to this incarnation: an object recreated meanwhile is not ours to delete.
-        let uid = obj.metadata.uid.clone();
-        (Op::Delete { key, uid }, "delete")
     };
     if ctx.down_writer.execute(op).await?.wrote {
         ctx.metrics.written(action, &r.kind);

@@ -15,7 +15,7 @@ use tender_types::{
 use crate::context::Context;
 use crate::plan::{self, Desired, Mode, Owner, Planned};
 use crate::status::{self, Outcome};
-use crate::sync::{ensure_namespace, sync_object};
+use crate::sync::{ensure_namespace, message, sync_object};
 use crate::{Result, cleanup, report};
 
 /// Re-check of objects somebody else owns: their deletion does not reach our label-filtered watches.
@@ -215,7 +215,7 @@ async fn plan_manifest(
             status::object(
                 &key,
                 ObjectState::Error,
-                Some(format!("unknown kind downstream: {e}")),
+                Some(format!("unknown kind downstream: {}", message(&e))),
             )
         })?;
     ctx.drift.ensure(&resource);

@@ -37,9 +37,10 @@
 //! executor carries out; `report` turns the outcome into a status write and events (none when
 //! the status is unchanged) for the hub executor.
 
+use std::future::Future;
+
 use futures::future::FutureExt;
 use kube::Client;
-use std::future::Future;
 use tender_runtime::Health;
 
 mod cleanup;

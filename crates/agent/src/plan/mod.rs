@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value, json};
+use tender_runtime::{ObjectKey, Op};
 use tender_types::copy::{copied_metadata, secret_data};
 use tender_types::hash::value_hash;
 use tender_types::labels;
@@ -174,16 +176,7 @@ pub fn secret_copy(
     if let Some(data) = bytes_map(Some(&secret_data(copy))) {
         body["data"] = data;
     }
-    if let Some(immutable) = copy.immutable {
-        body["immutable"] = Value::Bool(immutable);
-    }
-    Desired::seal(
-        key("v1", "Secret", Some(namespace), &entry.name),
-        body,
-        owner,
-        keep,
-        true,
-    )
+    seal_copy(body, copy.immutable, entry, namespace, owner, keep)
 }
 
 /// The downstream copy of a ConfigMap copy on the hub (see [`secret_copy`]).
@@ -205,16 +198,24 @@ pub fn config_map_copy(
     if let Some(binary) = bytes_map(copy.binary_data.as_ref()) {
         body["binaryData"] = binary;
     }
-    if let Some(immutable) = copy.immutable {
+    seal_copy(body, copy.immutable, entry, namespace, owner, keep)
+}
+
+/// Finishes a copy's `body` (its `kind` set): the hub copy's immutability, then ownership.
+fn seal_copy(
+    mut body: Value,
+    immutable: Option<bool>,
+    entry: &CopiedResource,
+    namespace: &str,
+    owner: &Owner,
+    keep: bool,
+) -> Desired {
+    if let Some(immutable) = immutable {
         body["immutable"] = Value::Bool(immutable);
     }
-    Desired::seal(
-        key("v1", "ConfigMap", Some(namespace), &entry.name),
-        body,
-        owner,
-        keep,
-        true,
-    )
+    let kind = body["kind"].as_str().unwrap_or_default().to_string();
+    let key = key("v1", &kind, Some(namespace), &entry.name);
+    Desired::seal(key, body, owner, keep, true)
 }
 
 /// A manifest as applied downstream: namespace resolved (`namespaced` comes from discovery),
@@ -379,10 +380,34 @@ pub fn strip_patch(
     json!({"metadata": {"labels": nulls(labels_in), "annotations": nulls(annotations_in)}})
 }
 
+/// How an object of `owner` leaves: deleted (that incarnation only), or with `keep` or its
+/// own keep-resources marker stripped of tender's metadata; with the action word counted in
+/// `tender_agent_objects_written_total`. `None`: not this owner's object, left alone.
+pub fn removal_op(
+    key: ObjectKey,
+    live: &ObjectMeta,
+    owner: &Owner,
+    keep: bool,
+) -> Option<(Op, &'static str)> {
+    let annotations = live.annotations.as_ref();
+    if ownership(annotations, owner) != Ownership::Ours {
+        return None;
+    }
+    let marked = annotations
+        .and_then(|a| a.get(labels::KEEP_RESOURCES))
+        .is_some_and(|v| v == "true");
+    Some(if keep || marked {
+        let patch = strip_patch(live.labels.as_ref(), annotations);
+        (Op::MergePatch { key, patch }, "strip")
+    } else {
+        let uid = live.uid.clone();
+        (Op::Delete { key, uid }, "delete")
+    })
+}
+
 #[cfg(test)]
 mod fixtures {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     pub(super) fn owner() -> Owner {
         Owner::new("cluster-ws-c1-12345678", "app")
@@ -621,5 +646,53 @@ mod tests {
             cluster_selector("cluster-a-b-1234"),
             "app.kubernetes.io/managed-by=tender,tender.dev/cluster-namespace=cluster-a-b-1234"
         );
+    }
+
+    #[test]
+    fn only_our_objects_are_removed_and_by_uid() {
+        let key = ObjectKey::of::<Secret>(Some("apps"), "db");
+        let d = db_copy(&hub_secret());
+        let mut live: ObjectMeta = serde_json::from_value(d.body["metadata"].clone()).unwrap();
+        live.uid = Some("u".into());
+        assert_eq!(
+            removal_op(key.clone(), &live, &owner(), false),
+            Some((
+                Op::Delete {
+                    key: key.clone(),
+                    uid: Some("u".into())
+                },
+                "delete"
+            ))
+        );
+        let strip = Op::MergePatch {
+            key: key.clone(),
+            patch: strip_patch(live.labels.as_ref(), live.annotations.as_ref()),
+        };
+        assert_eq!(
+            removal_op(key.clone(), &live, &owner(), true),
+            Some((strip.clone(), "strip"))
+        );
+        let marked = db_copy_kept();
+        assert!(matches!(
+            removal_op(key.clone(), &marked, &owner(), false),
+            Some((Op::MergePatch { .. }, "strip"))
+        ));
+        let other = Owner::new("cluster-ws-c2-87654321", "app");
+        assert_eq!(removal_op(key.clone(), &live, &other, false), None);
+        assert_eq!(
+            removal_op(key, &ObjectMeta::default(), &owner(), false),
+            None
+        );
+    }
+
+    fn db_copy_kept() -> ObjectMeta {
+        let d = secret_copy(
+            &hub_secret(),
+            &entry("Secret", "db"),
+            "apps",
+            &owner(),
+            true,
+        );
+        serde_json::from_value(d.body["metadata"].clone()).unwrap()
     }
 }
