@@ -110,7 +110,7 @@ fn sample(text: &str, series: &str) -> u64 {
 fn lease_errors(agent: &AgentHandle) -> u64 {
     sample(
         &agent.metrics.shared().encode(),
-        "agent_heartbeats_total{target=\"lease\",result=\"error\"}",
+        "tender_agent_heartbeats_total{target=\"lease\",result=\"error\"}",
     )
 }
 

@@ -8,13 +8,14 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use tender_types::labels;
 use tender_types::{BundleDeployment, ObjectRef};
 
-use crate::deploy::{Context, error_text};
-use crate::plan::{self, Owner, Ownership, cluster_selector};
+use crate::context::Context;
+use crate::inventory::Recorded;
+use crate::plan::{self, Owner, cluster_selector};
 use crate::status::describe;
 use crate::{Error, Result};
 
@@ -22,18 +23,20 @@ use crate::{Error, Result};
 /// with keepResources), then its inventory. An error keeps the finalizer (retried).
 pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
     let owner = Owner::new(&ctx.config.cluster_namespace, &bd.name_any());
-    let recorded = ctx.inventory.read(&owner).await?;
     // Without an inventory (never deployed by this agent version) fall back to the status.
-    let objects: Vec<ObjectRef> = match recorded {
-        Some(objects) => objects,
-        None => bd
-            .status
-            .iter()
-            .flat_map(|s| s.resources.iter().map(crate::status::object_ref))
-            .collect(),
+    let Recorded { uid, objects } = match ctx.inventory.read(&owner).await? {
+        Some(recorded) => recorded,
+        None => Recorded {
+            uid: None,
+            objects: bd
+                .status
+                .iter()
+                .flat_map(|s| s.resources.iter().map(crate::status::object_ref))
+                .collect(),
+        },
     };
     remove_objects(ctx, &owner, &objects, bd.spec.options.keep_resources).await?;
-    ctx.inventory.delete(&owner).await?;
+    ctx.inventory.delete(&owner, uid).await?;
     tracing::info!(bundle_deployment = %owner.annotation(), objects = objects.len(), keep = bd.spec.options.keep_resources, "cleaned up downstream");
     Ok(Action::await_change())
 }
@@ -53,63 +56,29 @@ pub(crate) async fn remove_objects(
     Ok(())
 }
 
-async fn remove_object(ctx: &Context, owner: &Owner, key: &ObjectRef, keep: bool) -> Result<()> {
-    let secret = key.kind == "Secret";
-    let (api, _) = match ctx.down.api(key).await {
+async fn remove_object(ctx: &Context, owner: &Owner, r: &ObjectRef, keep: bool) -> Result<()> {
+    let (key, api) = match ctx.down.locate(r).await {
         Ok(x) => x,
         // The kind no longer exists downstream (CRD removed): nothing left to remove.
-        Err(Error::Kube {
-            source: kube::Error::Api(s),
-            ..
-        }) if s.code == 404 => return Ok(()),
+        Err(e) if e.is_not_found() => return Ok(()),
         Err(e) => return Err(e),
     };
-    let what = describe(key);
-    let Some(obj) = api.get_opt(&key.name).await.map_err(|e| Error::Kube {
-        what: format!(
-            "reading {what} downstream for cleanup ({})",
-            error_text(&e, secret)
-        ),
-        source: e,
+    let Some(obj) = api.get_opt(&key.name).await.map_err(|e| {
+        Error::kube(
+            format!("read {key} downstream for cleanup"),
+            key.is_secret(),
+            e,
+        )
     })?
     else {
         return Ok(());
     };
-    if plan::ownership(obj.metadata.annotations.as_ref(), owner) != Ownership::Ours {
-        tracing::debug!(object = %what, "not owned by {}; left alone", owner.annotation());
+    let Some((op, action)) = plan::removal_op(key, &obj.metadata, owner, keep) else {
+        tracing::debug!(object = %describe(r), "not owned by {}; left alone", owner.annotation());
         return Ok(());
-    }
-    let marked = obj
-        .annotations()
-        .get(labels::KEEP_RESOURCES)
-        .is_some_and(|v| v == "true");
-    if keep || marked {
-        let patch = plan::strip_patch(
-            obj.metadata.labels.as_ref(),
-            obj.metadata.annotations.as_ref(),
-        );
-        api.patch(&key.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| {
-                Error::kube(
-                    format!("removing tender's metadata from {what} downstream"),
-                    e,
-                )
-            })?;
-        ctx.metrics.written("strip", &key.kind);
-    } else {
-        let dp = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: obj.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::background()
-        };
-        match api.delete(&key.name, &dp).await {
-            Ok(_) => ctx.metrics.written("delete", &key.kind),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => return Err(Error::kube(format!("deleting {what} downstream"), e)),
-        }
+    };
+    if ctx.down_writer.execute(op).await?.wrote {
+        ctx.metrics.written(action, &r.kind);
     }
     Ok(())
 }
@@ -120,7 +89,7 @@ async fn remove_object(ctx: &Context, owner: &Owner, key: &ObjectRef, keep: bool
 pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<()> {
     let ns = &ctx.config.cluster_namespace;
     let mut vanished: BTreeSet<Owner> = BTreeSet::new();
-    let mut objects: Vec<(Owner, Vec<ObjectRef>)> = ctx.inventory.list(ns).await?;
+    let mut objects: Vec<(Owner, Recorded)> = ctx.inventory.list(ns).await?;
     // Copies whose inventory is lost: find them by label.
     let selector = format!("{},!{}", cluster_selector(ns), labels::INVENTORY);
     let lp = ListParams::default().labels(&selector);
@@ -130,14 +99,14 @@ pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<
     let secret_metas = secrets
         .list_metadata(&lp)
         .await
-        .map_err(|e| Error::kube(format!("listing Secrets of {ns} downstream"), e))?
+        .map_err(|e| Error::kube(format!("list Secrets of {ns} downstream"), true, e))?
         .items
         .into_iter()
         .map(|m| ("Secret", m.metadata));
     let config_map_metas = config_maps
         .list_metadata(&lp)
         .await
-        .map_err(|e| Error::kube(format!("listing ConfigMaps of {ns} downstream"), e))?
+        .map_err(|e| Error::kube(format!("list ConfigMaps of {ns} downstream"), false, e))?
         .items
         .into_iter()
         .map(|m| ("ConfigMap", m.metadata));
@@ -154,11 +123,17 @@ pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<
     }
     for (owner, key) in strays {
         match objects.iter_mut().find(|(o, _)| *o == owner) {
-            Some((_, list)) => list.push(key),
-            None => objects.push((owner, vec![key])),
+            Some((_, recorded)) => recorded.objects.push(key),
+            None => objects.push((
+                owner,
+                Recorded {
+                    uid: None,
+                    objects: vec![key],
+                },
+            )),
         }
     }
-    for (owner, list) in objects {
+    for (owner, Recorded { uid, objects: list }) in objects {
         if owner.cluster_namespace != *ns || existing.contains(&owner.name) {
             continue;
         }
@@ -168,7 +143,8 @@ pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<
             Ok(Some(_)) => continue,
             Err(e) => {
                 return Err(Error::kube(
-                    format!("confirming BundleDeployment {ns}/{} is gone", owner.name),
+                    format!("confirm BundleDeployment {ns}/{} is gone", owner.name),
+                    false,
                     e,
                 ));
             }
@@ -180,7 +156,7 @@ pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<
         for _ in &list {
             ctx.metrics.swept();
         }
-        ctx.inventory.delete(&owner).await?;
+        ctx.inventory.delete(&owner, uid).await?;
         vanished.insert(owner);
     }
     if !vanished.is_empty() {

@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::discovery::{self, Scope};
+use tender_runtime::ObjectKey;
 use tender_types::ObjectRef;
 
 use crate::{Error, Result};
@@ -42,7 +43,13 @@ impl Downstream {
         let gvk = GroupVersionKind::gvk(group, version, kind);
         let (resource, caps) = discovery::pinned_kind(&self.client, &gvk)
             .await
-            .map_err(|e| Error::kube(format!("discovering {api_version} {kind} downstream"), e))?;
+            .map_err(|e| {
+                Error::kube(
+                    format!("discover {api_version} {kind} downstream"),
+                    false,
+                    e,
+                )
+            })?;
         let found = (resource, caps.scope == Scope::Namespaced);
         self.cache
             .lock()
@@ -51,13 +58,15 @@ impl Downstream {
         Ok(found)
     }
 
-    /// A dynamic API for the object `key` (namespaced or cluster-wide as discovered).
-    pub(crate) async fn api(&self, key: &ObjectRef) -> Result<(Api<DynamicObject>, ApiResource)> {
-        let (resource, namespaced) = self.resolve(&key.api_version, &key.kind).await?;
-        let api = match (&key.namespace, namespaced) {
-            (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &resource),
-            _ => Api::all_with(self.client.clone(), &resource),
+    /// The executor's key of object `r` and a dynamic API to read it (namespaced or
+    /// cluster-wide as discovered).
+    pub(crate) async fn locate(&self, r: &ObjectRef) -> Result<(ObjectKey, Api<DynamicObject>)> {
+        let (resource, namespaced) = self.resolve(&r.api_version, &r.kind).await?;
+        let namespace = r.namespace.as_deref().filter(|_| namespaced);
+        let api = match namespace {
+            Some(ns) => Api::namespaced_with(self.client.clone(), ns, &resource),
+            None => Api::all_with(self.client.clone(), &resource),
         };
-        Ok((api, resource))
+        Ok((ObjectKey::dynamic(resource, namespace, &r.name), api))
     }
 }

@@ -4,19 +4,21 @@
 //! changes. 10 000 agents thus cost ~333 Lease writes/s and ~33 Cluster status writes/s on the
 //! hub at the defaults; Lease writes do not wake the hub's Cluster watches.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::api::ObjectMeta;
 use serde_json::json;
-use tender_types::labels::AGENT_FIELD_MANAGER;
+use tender_runtime::executor::{Apply, body_of};
+use tender_runtime::{Executor, ObjectKey, Op};
 use tender_types::names::AGENT_LEASE;
 use tender_types::{AgentStatus, Cluster};
 
-use crate::{AgentConfig, AgentMetrics, ShutdownSignal, VERSION};
+use crate::AgentMetrics;
+use crate::config::{AgentConfig, ShutdownSignal, VERSION};
 
 /// The Lease body renewed on every heartbeat.
 pub(crate) fn lease(config: &AgentConfig, now: Timestamp) -> Lease {
@@ -58,21 +60,44 @@ pub(crate) fn cluster_status_due(
     differs || last_write.is_none_or(|t| t.elapsed() >= interval)
 }
 
+/// The Lease renewal: a plain apply on the hub (always written: renewing is the point).
+fn lease_op(config: &AgentConfig, now: Timestamp) -> Op {
+    Op::Apply(Apply {
+        key: ObjectKey::of::<Lease>(Some(&config.cluster_namespace), AGENT_LEASE),
+        body: body_of(&lease(config, now)),
+        replace_if_immutable: false,
+        fingerprint: None,
+    })
+}
+
+/// The write of the Cluster's `status.agent`.
+fn cluster_status_op(config: &AgentConfig, wanted: &AgentStatus) -> Op {
+    Op::ApplyStatus(Apply {
+        key: ObjectKey::of::<Cluster>(Some(&config.workspace_namespace), &config.cluster_name),
+        body: json!({
+            "apiVersion": tender_types::API_GROUP_VERSION,
+            "kind": "Cluster",
+            "metadata": { "name": config.cluster_name },
+            "status": { "agent": wanted },
+        }),
+        replace_if_immutable: false,
+        fingerprint: None,
+    })
+}
+
+/// Heartbeats through the hub executor every `heartbeat_interval` until `shutdown`.
 pub(crate) async fn run(
-    hub: Client,
+    hub: Arc<Executor>,
     config: AgentConfig,
     metrics: AgentMetrics,
     shutdown: ShutdownSignal,
 ) {
-    let leases: Api<Lease> = Api::namespaced(hub.clone(), &config.cluster_namespace);
-    let clusters: Api<Cluster> = Api::namespaced(hub, &config.workspace_namespace);
-    let pp = PatchParams::apply(AGENT_FIELD_MANAGER).force();
     let mut last_status: Option<Instant> = None;
     let mut shown: Option<AgentStatus> = None;
     loop {
         let now = Timestamp::now();
-        let ok = leases
-            .patch(AGENT_LEASE, &pp, &Patch::Apply(lease(&config, now)))
+        let ok = hub
+            .execute(lease_op(&config, now))
             .await
             .inspect_err(|error| tracing::warn!(%error, namespace = %config.cluster_namespace, "cannot renew the heartbeat Lease on the hub; retrying"))
             .is_ok();
@@ -85,16 +110,7 @@ pub(crate) async fn run(
             shown.as_ref(),
             &wanted,
         ) {
-            let body = json!({
-                "apiVersion": tender_types::API_GROUP_VERSION,
-                "kind": "Cluster",
-                "metadata": { "name": config.cluster_name },
-                "status": { "agent": wanted },
-            });
-            match clusters
-                .patch_status(&config.cluster_name, &pp, &Patch::Apply(body))
-                .await
-            {
+            match hub.execute(cluster_status_op(&config, &wanted)).await {
                 Ok(_) => {
                     last_status = Some(Instant::now());
                     shown = Some(wanted);
@@ -129,6 +145,23 @@ mod tests {
             l.metadata.namespace.as_deref(),
             Some(config.cluster_namespace.as_str())
         );
+    }
+
+    #[test]
+    fn heartbeat_writes_are_a_lease_apply_and_a_status_apply() {
+        let config = AgentConfig::new("ws", "c1");
+        let now = Timestamp::from_second(10).unwrap();
+        let Op::Apply(lease_write) = lease_op(&config, now) else {
+            panic!("the Lease is applied");
+        };
+        assert_eq!(lease_write.body["kind"], "Lease");
+        assert_eq!(lease_write.body["spec"]["holderIdentity"], "tender-agent");
+        let Op::ApplyStatus(status) = cluster_status_op(&config, &agent_status(&config, now))
+        else {
+            panic!("the Cluster status is applied to the status subresource");
+        };
+        assert_eq!(status.key, ObjectKey::of::<Cluster>(Some("ws"), "c1"));
+        assert_eq!(status.body["status"]["agent"]["version"], VERSION);
     }
 
     #[test]

@@ -9,10 +9,14 @@
 
 use std::collections::BTreeMap;
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use serde_json::json;
+use tender_runtime::executor::Apply;
+use tender_runtime::{Executor, ObjectKey, Op};
 use tender_types::ObjectRef;
 use tender_types::hash::sha256_hex;
 use tender_types::labels;
@@ -78,33 +82,48 @@ pub(crate) fn selector(cluster_namespace: &str) -> String {
     )
 }
 
+/// What an inventory records, and which incarnation of the ConfigMap holds it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Recorded {
+    /// uid of the inventory ConfigMap (its delete is bound to it).
+    pub(crate) uid: Option<String>,
+    /// The objects a deployment may have created.
+    pub(crate) objects: Vec<ObjectRef>,
+}
+
+/// The inventories of one agent namespace: read through the client, written by the executor.
 pub(crate) struct Inventory {
     api: Api<ConfigMap>,
     agent_namespace: String,
+    writer: Arc<Executor>,
 }
 
 impl Inventory {
-    pub(crate) fn new(client: Client, agent_namespace: &str) -> Self {
+    pub(crate) fn new(client: Client, agent_namespace: &str, writer: Arc<Executor>) -> Self {
         Self {
             api: Api::namespaced(client, agent_namespace),
             agent_namespace: agent_namespace.to_string(),
+            writer,
         }
     }
 
+    fn key(&self, owner: &Owner) -> ObjectKey {
+        ObjectKey::of::<ConfigMap>(Some(&self.agent_namespace), &name(owner))
+    }
+
     /// The recorded objects of `owner` (`None`: no inventory yet).
-    pub(crate) async fn read(&self, owner: &Owner) -> Result<Option<Vec<ObjectRef>>> {
-        let n = name(owner);
-        let cm = self.api.get_opt(&n).await.map_err(|e| {
-            Error::kube(
-                format!("reading inventory ConfigMap {}/{n}", self.agent_namespace),
-                e,
-            )
-        })?;
-        Ok(cm
-            .as_ref()
-            .and_then(parse)
-            .filter(|(o, _)| o == owner)
-            .map(|(_, objs)| objs))
+    pub(crate) async fn read(&self, owner: &Owner) -> Result<Option<Recorded>> {
+        let cm =
+            self.api.get_opt(&name(owner)).await.map_err(|e| {
+                Error::kube(format!("read inventory {}", self.key(owner)), false, e)
+            })?;
+        Ok(cm.as_ref().and_then(|cm| {
+            let (o, objects) = parse(cm)?;
+            (o == *owner).then(|| Recorded {
+                uid: cm.metadata.uid.clone(),
+                objects,
+            })
+        }))
     }
 
     /// Records `objects` for `owner`, unless `current` already says the same.
@@ -113,61 +132,68 @@ impl Inventory {
         owner: &Owner,
         current: Option<&[ObjectRef]>,
         objects: &[ObjectRef],
-    ) -> Result<bool> {
-        if current == Some(objects) {
-            return Ok(false);
+    ) -> Result<()> {
+        if let Some(op) = write_op(
+            self.key(owner),
+            &self.agent_namespace,
+            owner,
+            current,
+            objects,
+        ) {
+            self.writer.execute(op).await?;
         }
-        let n = name(owner);
-        self.api
-            .patch(
-                &n,
-                &PatchParams::apply(labels::AGENT_FIELD_MANAGER).force(),
-                &Patch::Apply(body(&self.agent_namespace, owner, objects)),
-            )
-            .await
-            .map_err(|e| {
-                Error::kube(
-                    format!("writing inventory ConfigMap {}/{n}", self.agent_namespace),
-                    e,
-                )
-            })?;
-        Ok(true)
+        Ok(())
     }
 
-    pub(crate) async fn delete(&self, owner: &Owner) -> Result<()> {
-        let n = name(owner);
-        match self.api.delete(&n, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(e) => Err(Error::kube(
-                format!("deleting inventory ConfigMap {}/{n}", self.agent_namespace),
-                e,
-            )),
-        }
+    /// Deletes the inventory of `owner` (only incarnation `uid` when known).
+    pub(crate) async fn delete(&self, owner: &Owner, uid: Option<String>) -> Result<()> {
+        let key = self.key(owner);
+        self.writer.execute(Op::Delete { key, uid }).await?;
+        Ok(())
     }
 
     /// Every inventory of `cluster_namespace`.
-    pub(crate) async fn list(
-        &self,
-        cluster_namespace: &str,
-    ) -> Result<Vec<(Owner, Vec<ObjectRef>)>> {
+    pub(crate) async fn list(&self, cluster_namespace: &str) -> Result<Vec<(Owner, Recorded)>> {
         let list = self
             .api
             .list(&ListParams::default().labels(&selector(cluster_namespace)))
             .await
             .map_err(|e| {
                 Error::kube(
-                    format!("listing inventories in {}", self.agent_namespace),
+                    format!("list inventories in {}", self.agent_namespace),
+                    false,
                     e,
                 )
             })?;
         Ok(list
             .items
             .iter()
-            .filter_map(parse)
+            .filter_map(|cm| {
+                let (owner, objects) = parse(cm)?;
+                let uid = cm.metadata.uid.clone();
+                Some((owner, Recorded { uid, objects }))
+            })
             .filter(|(o, _)| o.cluster_namespace == cluster_namespace)
             .collect())
     }
+}
+
+/// The write recording `objects` for `owner`; `None` when `current` already says the same.
+fn write_op(
+    key: ObjectKey,
+    agent_namespace: &str,
+    owner: &Owner,
+    current: Option<&[ObjectRef]>,
+    objects: &[ObjectRef],
+) -> Option<Op> {
+    (current != Some(objects)).then(|| {
+        Op::Apply(Apply {
+            key,
+            body: body(agent_namespace, owner, objects),
+            replace_if_immutable: false,
+            fingerprint: None,
+        })
+    })
 }
 
 #[cfg(test)]
@@ -198,5 +224,19 @@ mod tests {
         assert_eq!(l[labels::INVENTORY], "true");
         assert_eq!(l[labels::BUNDLE_DEPLOYMENT], owner.label());
         assert!(selector(&owner.cluster_namespace).ends_with("tender.dev/inventory=true"));
+    }
+
+    #[test]
+    fn an_unchanged_inventory_is_not_written() {
+        let owner = Owner::new("cluster-ws-a-11111111", "app");
+        let objects = vec![key("v1", "Secret", Some("apps"), "db")];
+        let at = ObjectKey::of::<ConfigMap>(Some("tender-system"), &name(&owner));
+        let write = |current| write_op(at.clone(), "tender-system", &owner, current, &objects);
+        assert_eq!(write(Some(&objects)), None);
+        let Some(Op::Apply(apply)) = write(None) else {
+            panic!("a new inventory is applied");
+        };
+        assert_eq!(apply.body, body("tender-system", &owner, &objects));
+        assert!(write(Some(&[])).is_some());
     }
 }

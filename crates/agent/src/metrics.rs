@@ -1,4 +1,7 @@
-//! The agent's own metric families, registered next to the common ones of `tender_runtime`.
+//! The agent's own metric families, `tender_agent_*`, registered next to the common ones of
+//! `tender_runtime` (whose `tender_object_writes_total` counts every executor write by verb,
+//! inventories and hub writes included; `tender_agent_objects_written_total` counts only
+//! what happened to managed downstream objects, by the agent's action).
 //!
 //! Never labelled with object names or data: only kinds, actions and results.
 
@@ -9,7 +12,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tender_runtime::Metrics;
 
-/// Labels of `agent_objects_written_total`.
+/// Labels of `tender_agent_objects_written_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
     /// `apply`, `recreate`, `delete` or `strip`.
@@ -18,7 +21,7 @@ pub struct WriteLabels {
     pub kind: String,
 }
 
-/// Labels of `agent_heartbeats_total`.
+/// Labels of `tender_agent_heartbeats_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HeartbeatLabels {
     /// `lease` or `cluster_status`.
@@ -50,39 +53,41 @@ impl AgentMetrics {
         let conflicts = Counter::default();
         let heartbeats = Family::<HeartbeatLabels, Counter>::default();
         let swept = Counter::default();
-        let r = metrics.registry_mut();
+        let r = metrics
+            .registry_mut()
+            .sub_registry_with_prefix("tender_agent");
         r.register(
-            "agent_objects_written",
+            "objects_written",
             "Downstream writes by action (apply, recreate, delete, strip) and kind",
             objects_written.clone(),
         );
         r.register(
-            "agent_deployments",
+            "deployments",
             "BundleDeployment deploymentIDs applied completely",
             deployments.clone(),
         );
         r.register(
-            "agent_drift_detected",
+            "drift_detected",
             "Downstream objects found changed or deleted behind tender's back",
             drift_detected.clone(),
         );
         r.register(
-            "agent_drift_corrected",
+            "drift_corrected",
             "Drifted downstream objects restored",
             drift_corrected.clone(),
         );
         r.register(
-            "agent_conflicts",
+            "conflicts",
             "Objects left untouched because somebody else owns them (per reconcile)",
             conflicts.clone(),
         );
         r.register(
-            "agent_heartbeats",
+            "heartbeats",
             "Heartbeat writes to the hub by target and result",
             heartbeats.clone(),
         );
         r.register(
-            "agent_swept_objects",
+            "swept_objects",
             "Downstream objects of vanished BundleDeployments removed or released at start-up",
             swept.clone(),
         );
@@ -163,7 +168,32 @@ impl AgentMetrics {
         self.swept.inc();
     }
 
-    pub(crate) fn base(&self) -> &Metrics {
+    /// The shared registry, borrowed.
+    pub fn base(&self) -> &Metrics {
         &self.base
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_carry_the_agent_prefix() {
+        let metrics = AgentMetrics::register(Metrics::new());
+        metrics.written("strip", "Secret");
+        metrics.heartbeat("lease", false);
+        assert_eq!(metrics.writes("strip"), 1);
+        assert_eq!(metrics.writes_of("strip", "Secret"), 1);
+        let text = metrics.shared().encode();
+        assert!(
+            text.contains("tender_agent_objects_written_total{action=\"strip\",kind=\"Secret\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tender_agent_heartbeats_total{target=\"lease\",result=\"error\"} 1"),
+            "{text}"
+        );
+        assert!(!text.lines().any(|l| l.starts_with("agent_")), "{text}");
     }
 }

@@ -38,6 +38,18 @@ pub fn object_ref(s: &ObjectStatus) -> ObjectRef {
     }
 }
 
+/// The status of object `key`.
+pub fn object(key: &ObjectRef, state: ObjectState, message: Option<String>) -> ObjectStatus {
+    ObjectStatus {
+        api_version: key.api_version.clone(),
+        kind: key.kind.clone(),
+        namespace: key.namespace.clone(),
+        name: key.name.clone(),
+        state,
+        message,
+    }
+}
+
 /// `Kind ns/name` for messages.
 pub fn describe(r: &ObjectRef) -> String {
     match &r.namespace {

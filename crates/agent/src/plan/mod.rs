@@ -1,15 +1,31 @@
 //! Pure decisions of the agent, callable without a cluster: the desired downstream objects of a
-//! BundleDeployment, who owns an existing object, whether an object drifted, what to prune and
-//! how to strip tender's metadata.
+//! BundleDeployment, who owns an existing object, what to prune and how to strip tender's
+//! metadata; and in [`object`], what to do about one object (the operations handed to the
+//! executor, see [`object_plan`]).
+
+mod object;
+
+pub use object::{
+    Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, namespace_op,
+    needs_recreate, object_plan, readiness,
+};
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Map, Value, json};
+use tender_runtime::{ObjectKey, Op};
+use tender_types::copy::{copied_metadata, secret_data};
 use tender_types::hash::value_hash;
-use tender_types::labels::{self, is_copied_metadata_key};
-use tender_types::{BundleDeploymentOptions, CopiedResource, Manifest, ObjectRef, namespaces};
+use tender_types::labels;
+use tender_types::{
+    BundleDeploymentOptions, CopiedResource, Manifest, ObjectRef, ObjectStatus, namespaces,
+};
+
+/// One planned object: what to write, or why it cannot be (already its status).
+pub type Planned = Result<Desired, ObjectStatus>;
 
 /// The BundleDeployment that owns downstream objects: its cluster namespace on the hub and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -118,15 +134,6 @@ pub fn ownership_labels(owner: &Owner) -> [(&'static str, String); 3] {
     ]
 }
 
-/// A source's labels or annotations that travel with its copy.
-pub fn copied_metadata(map: Option<&BTreeMap<String, String>>) -> Map<String, Value> {
-    map.into_iter()
-        .flatten()
-        .filter(|(k, _)| is_copied_metadata_key(k))
-        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
-        .collect()
-}
-
 fn copy_meta(
     name: &str,
     namespace: &str,
@@ -135,7 +142,7 @@ fn copy_meta(
 ) -> Value {
     let mut annotations = copied_metadata(annotations_in);
     if let Some(source) = annotations_in.and_then(|a| a.get(labels::COPY_OF)) {
-        annotations.insert(labels::COPY_OF.into(), Value::String(source.clone()));
+        annotations.insert(labels::COPY_OF.into(), source.clone());
     }
     json!({
         "name": name,
@@ -166,23 +173,10 @@ pub fn secret_copy(
         "type": copy.type_.as_deref().unwrap_or("Opaque"),
     });
     // stringData is write-only on the apiserver; fold it in as the apiserver would.
-    let mut data = copy.data.clone().unwrap_or_default();
-    for (k, v) in copy.string_data.iter().flatten() {
-        data.insert(k.clone(), ByteString(v.as_bytes().to_vec()));
-    }
-    if let Some(data) = bytes_map(Some(&data)) {
+    if let Some(data) = bytes_map(Some(&secret_data(copy))) {
         body["data"] = data;
     }
-    if let Some(immutable) = copy.immutable {
-        body["immutable"] = Value::Bool(immutable);
-    }
-    Desired::seal(
-        key("v1", "Secret", Some(namespace), &entry.name),
-        body,
-        owner,
-        keep,
-        true,
-    )
+    seal_copy(body, copy.immutable, entry, namespace, owner, keep)
 }
 
 /// The downstream copy of a ConfigMap copy on the hub (see [`secret_copy`]).
@@ -204,16 +198,24 @@ pub fn config_map_copy(
     if let Some(binary) = bytes_map(copy.binary_data.as_ref()) {
         body["binaryData"] = binary;
     }
-    if let Some(immutable) = copy.immutable {
+    seal_copy(body, copy.immutable, entry, namespace, owner, keep)
+}
+
+/// Finishes a copy's `body` (its `kind` set): the hub copy's immutability, then ownership.
+fn seal_copy(
+    mut body: Value,
+    immutable: Option<bool>,
+    entry: &CopiedResource,
+    namespace: &str,
+    owner: &Owner,
+    keep: bool,
+) -> Desired {
+    if let Some(immutable) = immutable {
         body["immutable"] = Value::Bool(immutable);
     }
-    Desired::seal(
-        key("v1", "ConfigMap", Some(namespace), &entry.name),
-        body,
-        owner,
-        keep,
-        true,
-    )
+    let kind = body["kind"].as_str().unwrap_or_default().to_string();
+    let key = key("v1", &kind, Some(namespace), &entry.name);
+    Desired::seal(key, body, owner, keep, true)
 }
 
 /// A manifest as applied downstream: namespace resolved (`namespaced` comes from discovery),
@@ -324,72 +326,6 @@ pub fn may_write(ownership: &Ownership, take_ownership: bool) -> Result<bool, St
     }
 }
 
-fn or_empty(v: Option<&Value>) -> Value {
-    match v {
-        Some(Value::Null) | None => json!({}),
-        Some(v) => v.clone(),
-    }
-}
-
-/// Whether every field of `desired` is present in `existing` with the same value (objects may
-/// have extra keys, arrays must match element by element). Server-side defaults therefore do
-/// not count as drift.
-pub fn is_subset(desired: &Value, existing: &Value) -> bool {
-    match (desired, existing) {
-        (Value::Object(d), Value::Object(e)) => d
-            .iter()
-            .all(|(k, dv)| e.get(k).is_some_and(|ev| is_subset(dv, ev)) || is_empty(dv)),
-        (Value::Array(d), Value::Array(e)) => {
-            d.len() == e.len() && d.iter().zip(e).all(|(dv, ev)| is_subset(dv, ev))
-        }
-        (d, e) => d == e,
-    }
-}
-
-/// Empty maps, lists and nulls are dropped by the apiserver, so they never count as missing.
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Object(m) => m.is_empty(),
-        Value::Array(a) => a.is_empty(),
-        _ => false,
-    }
-}
-
-/// Whether the existing object is what `desired` describes (no write needed).
-///
-/// Copies compare data exactly (a key added downstream is drift); manifests compare as a subset.
-pub fn in_sync(desired: &Desired, existing: &Value) -> bool {
-    let hash_matches = existing["metadata"]["annotations"][labels::CONTENT_HASH].as_str()
-        == Some(desired.hash.as_str());
-    if !hash_matches || !is_subset(&desired.body, existing) {
-        return false;
-    }
-    if desired.copy {
-        ["data", "binaryData"]
-            .iter()
-            .all(|f| or_empty(desired.body.get(*f)) == or_empty(existing.get(*f)))
-            && immutable(&desired.body) == immutable(existing)
-    } else {
-        true
-    }
-}
-
-fn immutable(v: &Value) -> bool {
-    v["immutable"].as_bool().unwrap_or(false)
-}
-
-/// Whether a copy must be deleted and recreated instead of updated: the existing object is
-/// immutable, or a Secret's type changes (type is immutable too).
-pub fn needs_recreate(desired: &Desired, existing: &Value) -> bool {
-    if !desired.copy {
-        return false;
-    }
-    let type_of = |v: &Value| v["type"].as_str().unwrap_or("Opaque").to_string();
-    immutable(existing)
-        || (desired.key.kind == "Secret" && type_of(&desired.body) != type_of(existing))
-}
-
 /// API group of an `apiVersion` (`""` for the core group).
 pub fn group_of(api_version: &str) -> &str {
     api_version.split_once('/').map_or("", |(g, _)| g)
@@ -444,60 +380,40 @@ pub fn strip_patch(
     json!({"metadata": {"labels": nulls(labels_in), "annotations": nulls(annotations_in)}})
 }
 
-/// Whether an applied object is ready: `Ok` or `Err(why not)`.
-///
-/// Deployments/StatefulSets need their replicas available; anything with a `Ready` or
-/// `Available` condition follows it; everything else (ConfigMaps, Services, ...) is ready once
-/// applied.
-pub fn readiness(obj: &Value) -> Result<(), String> {
-    let status = &obj["status"];
-    if let (Some(generation), Some(observed)) = (
-        obj["metadata"]["generation"].as_i64(),
-        status["observedGeneration"].as_i64(),
-    ) && observed < generation
-    {
-        return Err("the controller has not observed the latest generation yet".into());
+/// How an object of `owner` leaves: deleted (that incarnation only), or with `keep` or its
+/// own keep-resources marker stripped of tender's metadata; with the action word counted in
+/// `tender_agent_objects_written_total`. `None`: not this owner's object, left alone.
+pub fn removal_op(
+    key: ObjectKey,
+    live: &ObjectMeta,
+    owner: &Owner,
+    keep: bool,
+) -> Option<(Op, &'static str)> {
+    let annotations = live.annotations.as_ref();
+    if ownership(annotations, owner) != Ownership::Ours {
+        return None;
     }
-    let kind = obj["kind"].as_str().unwrap_or_default();
-    if matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet") {
-        let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
-        let have = status["availableReplicas"]
-            .as_i64()
-            .or_else(|| status["readyReplicas"].as_i64())
-            .unwrap_or(0);
-        return if have >= want {
-            Ok(())
-        } else {
-            Err(format!("{have}/{want} replicas available"))
-        };
-    }
-    let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
-    for type_ in ["Ready", "Available"] {
-        if let Some(c) = conditions.iter().find(|c| c["type"] == type_) {
-            return if c["status"] == "True" {
-                Ok(())
-            } else {
-                Err(format!(
-                    "condition {type_} is {}: {}",
-                    c["status"].as_str().unwrap_or("Unknown"),
-                    c["message"].as_str().unwrap_or_default()
-                ))
-            };
-        }
-    }
-    Ok(())
+    let marked = annotations
+        .and_then(|a| a.get(labels::KEEP_RESOURCES))
+        .is_some_and(|v| v == "true");
+    Some(if keep || marked {
+        let patch = strip_patch(live.labels.as_ref(), annotations);
+        (Op::MergePatch { key, patch }, "strip")
+    } else {
+        let uid = live.uid.clone();
+        (Op::Delete { key, uid }, "delete")
+    })
 }
 
 #[cfg(test)]
-mod tests {
+mod fixtures {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    fn owner() -> Owner {
+    pub(super) fn owner() -> Owner {
         Owner::new("cluster-ws-c1-12345678", "app")
     }
 
-    fn entry(kind: &str, name: &str) -> CopiedResource {
+    pub(super) fn entry(kind: &str, name: &str) -> CopiedResource {
         CopiedResource {
             kind: kind.into(),
             name: name.into(),
@@ -506,7 +422,7 @@ mod tests {
         }
     }
 
-    fn hub_secret() -> Secret {
+    pub(super) fn hub_secret() -> Secret {
         Secret {
             metadata: ObjectMeta {
                 name: Some("app-secret-db-abcdef12".into()),
@@ -537,15 +453,35 @@ mod tests {
         }
     }
 
+    pub(super) fn opts(target: Option<&str>) -> BundleDeploymentOptions {
+        BundleDeploymentOptions {
+            default_namespace: "def".into(),
+            target_namespace: target.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    pub(super) fn as_existing(d: &Desired) -> Value {
+        let mut v = d.body.clone();
+        v["metadata"]["uid"] = json!("u");
+        v["metadata"]["resourceVersion"] = json!("7");
+        v["metadata"]["labels"]["extra"] = json!("added-by-someone");
+        v
+    }
+
+    pub(super) fn db_copy(secret: &Secret) -> Desired {
+        secret_copy(secret, &entry("Secret", "db"), "apps", &owner(), false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::*;
+    use super::*;
+
     #[test]
     fn secret_copy_keeps_source_name_type_data_and_own_metadata() {
-        let d = secret_copy(
-            &hub_secret(),
-            &entry("Secret", "db"),
-            "apps",
-            &owner(),
-            false,
-        );
+        let d = db_copy(&hub_secret());
         assert_eq!(d.key, key("v1", "Secret", Some("apps"), "db"));
         assert!(d.copy);
         let b = &d.body;
@@ -581,16 +517,9 @@ mod tests {
         );
         assert_ne!(kept.hash, d.hash, "keep marker is part of the content");
     }
-
     #[test]
     fn copy_hash_follows_data_but_never_contains_it() {
-        let a = secret_copy(
-            &hub_secret(),
-            &entry("Secret", "db"),
-            "apps",
-            &owner(),
-            false,
-        );
+        let a = db_copy(&hub_secret());
         let mut rotated = hub_secret();
         rotated.data = Some(BTreeMap::from([(
             "password".into(),
@@ -600,7 +529,6 @@ mod tests {
         assert_ne!(a.hash, b.hash);
         assert!(!a.hash.contains("czNjcmV0"));
     }
-
     #[test]
     fn config_map_copy_keeps_data_and_binary_data_apart() {
         let cm = ConfigMap {
@@ -614,15 +542,6 @@ mod tests {
         assert!(d.body.get("immutable").is_none());
         assert!(d.body.get("type").is_none());
     }
-
-    fn opts(target: Option<&str>) -> BundleDeploymentOptions {
-        BundleDeploymentOptions {
-            default_namespace: "def".into(),
-            target_namespace: target.map(str::to_string),
-            ..Default::default()
-        }
-    }
-
     #[test]
     fn manifests_get_namespace_and_ownership() {
         let m = Manifest(json!({
@@ -652,7 +571,6 @@ mod tests {
         let bad = Manifest(json!({"kind": "ConfigMap", "metadata": {"name": "x"}}));
         assert!(manifest(&bad, true, &opts(None), &owner()).is_err());
     }
-
     #[test]
     fn ownership_decisions() {
         let o = owner();
@@ -677,7 +595,6 @@ mod tests {
         let err = may_write(&Ownership::Other(other.clone()), true).unwrap_err();
         assert!(err.contains(&other), "{err}");
     }
-
     #[test]
     fn owner_annotation_round_trips() {
         let o = owner();
@@ -686,86 +603,6 @@ mod tests {
         assert_eq!(Owner::parse("/x"), None);
         assert_eq!(Owner::parse("a/b/c"), None);
     }
-
-    fn as_existing(d: &Desired) -> Value {
-        let mut v = d.body.clone();
-        v["metadata"]["uid"] = json!("u");
-        v["metadata"]["resourceVersion"] = json!("7");
-        v["metadata"]["labels"]["extra"] = json!("added-by-someone");
-        v
-    }
-
-    #[test]
-    fn drift_detection() {
-        let d = secret_copy(
-            &hub_secret(),
-            &entry("Secret", "db"),
-            "apps",
-            &owner(),
-            false,
-        );
-        let existing = as_existing(&d);
-        assert!(
-            in_sync(&d, &existing),
-            "server fields and extra labels are not drift"
-        );
-
-        let mut edited = existing.clone();
-        edited["data"]["password"] = json!("eA==");
-        assert!(!in_sync(&d, &edited));
-        let mut added = existing.clone();
-        added["data"]["more"] = json!("eA==");
-        assert!(!in_sync(&d, &added), "a key added to a copy is drift");
-        let mut stale = existing.clone();
-        stale["metadata"]["annotations"][labels::CONTENT_HASH] = json!("old");
-        assert!(!in_sync(&d, &stale));
-
-        let m = Manifest(json!({
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "c"}, "data": {"a": "1"}
-        }));
-        let d = manifest(&m, true, &opts(None), &owner()).unwrap();
-        let mut existing = as_existing(&d);
-        assert!(in_sync(&d, &existing));
-        existing["data"]["a"] = json!("2");
-        assert!(!in_sync(&d, &existing));
-    }
-
-    #[test]
-    fn subset_ignores_defaults_but_not_changes() {
-        let desired = json!({"spec": {"replicas": 1, "template": {"containers": [{"name": "a"}]}, "empty": {}}});
-        let existing = json!({"spec": {"replicas": 1, "strategy": {}, "template": {"containers": [{"name": "a", "imagePullPolicy": "Always"}]}}});
-        assert!(is_subset(&desired, &existing));
-        let changed = json!({"spec": {"replicas": 2, "template": {"containers": [{"name": "a"}]}}});
-        assert!(!is_subset(&desired, &changed));
-        let more = json!({"spec": {"replicas": 1, "template": {"containers": [{"name": "a"}, {"name": "b"}]}}});
-        assert!(!is_subset(&desired, &more));
-    }
-
-    #[test]
-    fn recreate_for_immutable_and_type_changes() {
-        let mut mutable = hub_secret();
-        mutable.immutable = None;
-        let d = secret_copy(&mutable, &entry("Secret", "db"), "apps", &owner(), false);
-        let mut existing = as_existing(&d);
-        existing["data"]["password"] = json!("eA==");
-        assert!(!needs_recreate(&d, &existing));
-        existing["immutable"] = json!(true);
-        assert!(needs_recreate(&d, &existing));
-        let mut other_type = as_existing(&d);
-        other_type["type"] = json!("Opaque");
-        assert!(needs_recreate(&d, &other_type));
-
-        let m = Manifest(
-            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "immutable": true}),
-        );
-        let d = manifest(&m, true, &opts(None), &owner()).unwrap();
-        assert!(
-            !needs_recreate(&d, &as_existing(&d)),
-            "manifests are never replaced"
-        );
-    }
-
     #[test]
     fn prune_set_is_previous_minus_desired() {
         let a = key("v1", "Secret", Some("n"), "a");
@@ -779,7 +616,6 @@ mod tests {
         assert!(prune_set(&[], &desired).is_empty());
         assert_eq!(union(&desired, &prev), vec![b, dep_v2, a, ns]);
     }
-
     #[test]
     fn strip_patch_removes_only_tender_keys() {
         let d = secret_copy(
@@ -804,25 +640,59 @@ mod tests {
         assert!(!a.contains_key("note"));
         assert!(l.values().chain(a.values()).all(Value::is_null));
     }
-
-    #[test]
-    fn readiness_rules() {
-        assert!(readiness(&json!({"kind": "ConfigMap"})).is_ok());
-        let dep = json!({"kind": "Deployment", "spec": {"replicas": 2}, "status": {"availableReplicas": 1}});
-        assert_eq!(readiness(&dep).unwrap_err(), "1/2 replicas available");
-        let dep = json!({"kind": "Deployment", "spec": {"replicas": 1}, "status": {"availableReplicas": 1}});
-        assert!(readiness(&dep).is_ok());
-        let stale = json!({"kind": "X", "metadata": {"generation": 3}, "status": {"observedGeneration": 2}});
-        assert!(readiness(&stale).is_err());
-        let cond = json!({"kind": "X", "status": {"conditions": [{"type": "Ready", "status": "False", "message": "m"}]}});
-        assert!(readiness(&cond).unwrap_err().contains("Ready is False"));
-    }
-
     #[test]
     fn cluster_selector_scopes_to_one_cluster_namespace() {
         assert_eq!(
             cluster_selector("cluster-a-b-1234"),
             "app.kubernetes.io/managed-by=tender,tender.dev/cluster-namespace=cluster-a-b-1234"
         );
+    }
+
+    #[test]
+    fn only_our_objects_are_removed_and_by_uid() {
+        let key = ObjectKey::of::<Secret>(Some("apps"), "db");
+        let d = db_copy(&hub_secret());
+        let mut live: ObjectMeta = serde_json::from_value(d.body["metadata"].clone()).unwrap();
+        live.uid = Some("u".into());
+        assert_eq!(
+            removal_op(key.clone(), &live, &owner(), false),
+            Some((
+                Op::Delete {
+                    key: key.clone(),
+                    uid: Some("u".into())
+                },
+                "delete"
+            ))
+        );
+        let strip = Op::MergePatch {
+            key: key.clone(),
+            patch: strip_patch(live.labels.as_ref(), live.annotations.as_ref()),
+        };
+        assert_eq!(
+            removal_op(key.clone(), &live, &owner(), true),
+            Some((strip.clone(), "strip"))
+        );
+        let marked = db_copy_kept();
+        assert!(matches!(
+            removal_op(key.clone(), &marked, &owner(), false),
+            Some((Op::MergePatch { .. }, "strip"))
+        ));
+        let other = Owner::new("cluster-ws-c2-87654321", "app");
+        assert_eq!(removal_op(key.clone(), &live, &other, false), None);
+        assert_eq!(
+            removal_op(key, &ObjectMeta::default(), &owner(), false),
+            None
+        );
+    }
+
+    fn db_copy_kept() -> ObjectMeta {
+        let d = secret_copy(
+            &hub_secret(),
+            &entry("Secret", "db"),
+            "apps",
+            &owner(),
+            true,
+        );
+        serde_json::from_value(d.body["metadata"].clone()).unwrap()
     }
 }

@@ -1,0 +1,85 @@
+//! The one [`Context`] every reconcile shares: clients, caches, the two executors, metrics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use futures::channel::mpsc::UnboundedSender;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::ObjectRef as KubeRef;
+use kube::runtime::watcher::DefaultBackoff;
+use tender_runtime::Executor;
+use tender_types::BundleDeployment;
+use tender_types::labels::AGENT_FIELD_MANAGER;
+
+use crate::AgentMetrics;
+use crate::config::AgentConfig;
+use crate::copies::HubCopies;
+use crate::downstream::Downstream;
+use crate::drift::DriftWatches;
+use crate::inventory::Inventory;
+
+/// Everything a reconcile needs, built once and shared by `Arc`.
+pub(crate) struct Context {
+    /// The BundleDeployments of this cluster namespace on the hub.
+    pub(crate) bds: Api<BundleDeployment>,
+    /// Discovery and reads downstream.
+    pub(crate) down: Downstream,
+    /// Writes downstream (managed objects, namespaces, inventories).
+    pub(crate) down_writer: Arc<Executor>,
+    /// Writes on the hub (BundleDeployment status, events, heartbeat).
+    pub(crate) hub_writer: Arc<Executor>,
+    pub(crate) inventory: Inventory,
+    pub(crate) copies: HubCopies,
+    pub(crate) drift: DriftWatches,
+    pub(crate) config: AgentConfig,
+    pub(crate) metrics: AgentMetrics,
+    /// Retry delays of BundleDeployments whose last reconcile failed, by name.
+    pub(crate) retries: Mutex<HashMap<String, DefaultBackoff>>,
+}
+
+impl Context {
+    /// The context of an agent writing to `downstream` and reporting to `hub`; `trigger`
+    /// reconciles a BundleDeployment when one of its downstream objects changes.
+    pub(crate) fn new(
+        hub: Client,
+        downstream: Client,
+        config: AgentConfig,
+        metrics: AgentMetrics,
+        copies: HubCopies,
+        trigger: UnboundedSender<KubeRef<BundleDeployment>>,
+    ) -> Self {
+        let ns = &config.cluster_namespace;
+        let reporter = Reporter {
+            controller: "tender-agent".into(),
+            instance: Some(config.identity.clone()),
+        };
+        let writer = |client: &Client| {
+            Arc::new(Executor::new(
+                client.clone(),
+                AGENT_FIELD_MANAGER,
+                Recorder::new(client.clone(), reporter.clone()),
+                metrics.shared(),
+            ))
+        };
+        let down_writer = writer(&downstream);
+        let hub_writer = writer(&hub);
+        Self {
+            bds: Api::namespaced(hub.clone(), ns),
+            inventory: Inventory::new(
+                downstream.clone(),
+                &config.agent_namespace,
+                down_writer.clone(),
+            ),
+            drift: DriftWatches::new(downstream.clone(), ns, trigger),
+            down: Downstream::new(downstream),
+            down_writer,
+            hub_writer,
+            copies,
+            config,
+            metrics,
+            retries: Mutex::new(HashMap::new()),
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! The controller's two callbacks: `reconcile` wraps deploy and cleanup in the agent's
+//! finalizer; `error_policy` counts the failure and retries with kube's default backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event, finalizer};
+use tender_types::BundleDeployment;
+use tender_types::labels::AGENT_CLEANUP_FINALIZER;
+
+use crate::context::Context;
+use crate::{Error, Result, cleanup, deploy};
+
+const CONTROLLER: &str = "bundledeployment";
+
+/// Deploys `bd`, or cleans up after it once it is being deleted.
+pub(crate) async fn reconcile(bd: Arc<BundleDeployment>, ctx: Arc<Context>) -> Result<Action> {
+    let _timer = ctx.metrics.base().reconcile(CONTROLLER);
+    let name = bd.name_any();
+    let object = format!("BundleDeployment {}/{name}", ctx.config.cluster_namespace);
+    let action = finalizer(&ctx.bds, AGENT_CLEANUP_FINALIZER, bd, |event| async {
+        match event {
+            Event::Apply(bd) => deploy::deploy(&bd, &ctx).await,
+            Event::Cleanup(bd) => cleanup::finalize(&bd, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|source| Error::Finalizer {
+        object,
+        source: Box::new(source),
+    })?;
+    ctx.retries.lock().expect("retries").remove(&name);
+    Ok(action)
+}
+
+/// Logs and counts a failed reconcile (by the shared `reason()` vocabulary) and retries it
+/// after the next delay of that BundleDeployment's backoff (reset by a success).
+pub(crate) fn error_policy(bd: Arc<BundleDeployment>, error: &Error, ctx: Arc<Context>) -> Action {
+    let name = bd.name_any();
+    let delay = ctx
+        .retries
+        .lock()
+        .expect("retries")
+        .entry(name.clone())
+        .or_default()
+        .next()
+        .unwrap_or(Duration::from_secs(30));
+    ctx.metrics
+        .base()
+        .reconcile_error(CONTROLLER, error.reason());
+    tracing::warn!(bundle_deployment = %name, %error, reason = error.reason(), retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}

@@ -1,0 +1,180 @@
+//! What the agent reports on the hub about one BundleDeployment: its status (server-side
+//! apply to the status subresource) and events for notable transitions (Deployed,
+//! DriftCorrected, Conflict), each once per transition. [`report_ops`] is pure.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::EventType;
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tender_runtime::executor::{Apply, EventOp};
+use tender_runtime::{ObjectKey, Op};
+use tender_types::{BundleDeployment, BundleDeploymentStatus, ObjectState};
+
+use crate::Result;
+use crate::context::Context;
+use crate::status::{self, Outcome, describe};
+
+/// Writes the status computed from `outcome` and its events, if it differs from the current one.
+pub(crate) async fn report(ctx: &Context, bd: &BundleDeployment, outcome: &Outcome) -> Result<()> {
+    let new = status::compute(bd.status.as_ref(), outcome, Time(Timestamp::now()));
+    ctx.hub_writer
+        .execute_in_order(report_ops(bd, &new, outcome))
+        .await?;
+    Ok(())
+}
+
+/// The status write and events taking `bd` to status `new`: none when the status is unchanged.
+pub(crate) fn report_ops(
+    bd: &BundleDeployment,
+    new: &BundleDeploymentStatus,
+    outcome: &Outcome,
+) -> Vec<Op> {
+    let prev = bd.status.as_ref();
+    if prev == Some(new) {
+        return Vec::new();
+    }
+    let name = bd.name_any();
+    let status = Op::ApplyStatus(Apply {
+        key: ObjectKey::of::<BundleDeployment>(bd.namespace().as_deref(), &name),
+        body: json!({
+            "apiVersion": tender_types::API_GROUP_VERSION,
+            "kind": "BundleDeployment",
+            "metadata": { "name": name },
+            "status": new,
+        }),
+        replace_if_immutable: false,
+        fingerprint: None,
+    });
+    let mut events = Vec::new();
+    if new.applied_deployment_id != prev.and_then(|p| p.applied_deployment_id.clone()) {
+        events.push((
+            EventType::Normal,
+            "Deployed",
+            format!("deployment {} applied downstream", outcome.deployment_id),
+        ));
+    }
+    if !outcome.corrected.is_empty() {
+        let what: Vec<String> = outcome.corrected.iter().map(describe).collect();
+        events.push((
+            EventType::Normal,
+            "DriftCorrected",
+            format!("restored after downstream drift: {}", what.join(", ")),
+        ));
+    }
+    let conflicts = |s: &BundleDeploymentStatus| {
+        s.resources
+            .iter()
+            .filter(|r| r.state == ObjectState::Conflict)
+            .count()
+    };
+    if conflicts(new) > prev.map_or(0, conflicts) {
+        let what: Vec<String> = new
+            .resources
+            .iter()
+            .filter(|r| r.state == ObjectState::Conflict)
+            .map(|r| describe(&status::object_ref(r)))
+            .collect();
+        events.push((
+            EventType::Warning,
+            "Conflict",
+            format!("left untouched, owned by someone else: {}", what.join(", ")),
+        ));
+    }
+    let regarding = bd.object_ref(&());
+    std::iter::once(status)
+        .chain(events.into_iter().map(|(type_, reason, note)| {
+            Op::Event(EventOp {
+                regarding: regarding.clone(),
+                type_,
+                reason: reason.into(),
+                action: "Deploy".into(),
+                note,
+            })
+        }))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tender_types::{BundleDeploymentSpec, ObjectStatus};
+
+    fn bd(status: Option<BundleDeploymentStatus>) -> BundleDeployment {
+        let mut bd = BundleDeployment::new("app", BundleDeploymentSpec::default());
+        bd.metadata.namespace = Some("cluster-ws-c1-12345678".into());
+        bd.status = status;
+        bd
+    }
+
+    fn outcome(state: ObjectState) -> Outcome {
+        Outcome {
+            deployment_id: "id-1".into(),
+            applied_id: Some("id-1".into()),
+            manifests: vec![ObjectStatus {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                namespace: Some("apps".into()),
+                name: "c".into(),
+                state,
+                message: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn at(s: i64) -> Time {
+        Time(Timestamp::from_second(s).unwrap())
+    }
+
+    fn reasons(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Event(e) => e.reason.clone(),
+                other => other.verb().to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn nothing_changed_means_no_operations() {
+        let o = outcome(ObjectState::Ready);
+        let current = status::compute(None, &o, at(1));
+        let again = status::compute(Some(&current), &o, at(9));
+        assert_eq!(report_ops(&bd(Some(current)), &again, &o), Vec::new());
+    }
+
+    #[test]
+    fn a_first_deployment_writes_status_and_one_deployed_event() {
+        let o = outcome(ObjectState::Ready);
+        let new = status::compute(None, &o, at(1));
+        let ops = report_ops(&bd(None), &new, &o);
+        assert_eq!(reasons(&ops), ["status", "Deployed"]);
+        let Op::ApplyStatus(apply) = &ops[0] else {
+            panic!("status first");
+        };
+        assert_eq!(
+            apply.key,
+            ObjectKey::of::<BundleDeployment>(Some("cluster-ws-c1-12345678"), "app")
+        );
+        assert_eq!(apply.body["status"], serde_json::to_value(&new).unwrap());
+    }
+
+    #[test]
+    fn conflicts_and_corrections_are_announced_once() {
+        let settled = status::compute(None, &outcome(ObjectState::Ready), at(1));
+        let conflict = outcome(ObjectState::Conflict);
+        let new = status::compute(Some(&settled), &conflict, at(2));
+        let ops = report_ops(&bd(Some(settled.clone())), &new, &conflict);
+        assert_eq!(reasons(&ops), ["status", "Conflict"]);
+        // Still in conflict: the status is the same, nothing is written or announced again.
+        let again = status::compute(Some(&new), &conflict, at(3));
+        assert!(report_ops(&bd(Some(new)), &again, &conflict).is_empty());
+
+        let mut fixed = outcome(ObjectState::Ready);
+        fixed.corrected = vec![status::object_ref(&fixed.manifests[0])];
+        let new = status::compute(Some(&settled), &fixed, at(4));
+        let ops = report_ops(&bd(Some(settled)), &new, &fixed);
+        assert_eq!(reasons(&ops), ["status", "DriftCorrected"]);
+    }
+}

@@ -1,0 +1,132 @@
+//! Start-up and wiring: the context, the heartbeat, the start-up sweep (retried with kube's
+//! default backoff), the copy reflectors, the drift watches and the BundleDeployment controller.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::channel::mpsc;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef as KubeRef;
+use kube::runtime::watcher::{self, DefaultBackoff};
+use kube::{Client, ResourceExt};
+use tender_runtime::Health;
+use tender_types::BundleDeployment;
+
+use crate::config::{AgentConfig, ShutdownSignal};
+use crate::context::Context;
+use crate::plan;
+use crate::reconcile::{error_policy, reconcile};
+use crate::{AgentMetrics, Error, Result, cleanup, copies, heartbeat};
+
+pub(crate) async fn run(
+    hub: Client,
+    downstream: Client,
+    config: AgentConfig,
+    metrics: AgentMetrics,
+    health: Health,
+    shutdown: ShutdownSignal,
+) -> Result<()> {
+    let ns = config.cluster_namespace.clone();
+    let (trigger, triggers) = mpsc::unbounded::<KubeRef<BundleDeployment>>();
+    let (hub_copies, copy_feeds) = copies::stores(hub.clone(), &ns);
+    let ctx = Arc::new(Context::new(
+        hub,
+        downstream,
+        config,
+        metrics,
+        hub_copies,
+        trigger.clone(),
+    ));
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(heartbeat::run(
+        ctx.hub_writer.clone(),
+        ctx.config.clone(),
+        ctx.metrics.clone(),
+        shutdown.clone(),
+    ));
+
+    // Nothing is deployed (or swept) before the agent namespace exists and the sweep ran.
+    let mut backoff = DefaultBackoff::default();
+    while let Err(error) = startup(&ctx).await {
+        let delay = backoff.next().unwrap_or(std::time::Duration::from_secs(30));
+        tracing::warn!(%error, reason = error.reason(), retry_in = ?delay, "agent start-up (namespace, hub list, sweep) failed; retrying");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.clone() => return Ok(()),
+        }
+    }
+
+    let controller = Controller::new(ctx.bds.clone(), watcher::Config::default())
+        .with_config(ControllerConfig::default().concurrency(ctx.config.concurrency))
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(shutdown.clone());
+    let store = controller.store();
+
+    // Copies on the hub: keep them in memory (only this namespace), map changes to their BD.
+    copy_feeds.spawn(store.clone(), trigger, &mut background);
+    for kind in ["Secret", "ConfigMap"] {
+        if let Ok((resource, _)) = ctx.down.resolve("v1", kind).await {
+            ctx.drift.ensure(&resource);
+        }
+    }
+    // Readiness is awaited in the controller's own task, not a spawned one: the store's
+    // readiness signal keeps only the waker of the last poller, and the controller polls it
+    // too (it holds reconciles until the store is ready), so a second task waiting on it is
+    // never woken and the agent never reported ready.
+    let ready = {
+        let health = health.clone();
+        async move {
+            if store.wait_until_ready().await.is_ok() {
+                health.set_ready(true);
+            }
+        }
+    };
+    tracing::info!(cluster_namespace = %ns, "agent running");
+    let mut controller = std::pin::pin!(
+        controller
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|result| async move {
+                if let Err(error) = result {
+                    tracing::debug!(%error, "controller event");
+                }
+            })
+    );
+    tokio::select! {
+        () = &mut controller => {}
+        () = ready => controller.await,
+    }
+    health.set_ready(false);
+    background.shutdown().await;
+    Ok(())
+}
+
+/// Agent namespace downstream, then a successful hub list, then the sweep.
+async fn startup(ctx: &Context) -> Result<()> {
+    let agent_ns = &ctx.config.agent_namespace;
+    let namespaces: Api<Namespace> = Api::all(ctx.down.client.clone());
+    let existing = namespaces.get_opt(agent_ns).await.map_err(|e| {
+        Error::kube(
+            format!("read agent namespace {agent_ns} downstream"),
+            false,
+            e,
+        )
+    })?;
+    if existing.is_none() {
+        ctx.down_writer
+            .execute(plan::namespace_op(agent_ns))
+            .await?;
+    }
+    let list = ctx.bds.list(&ListParams::default()).await.map_err(|e| {
+        let ns = &ctx.config.cluster_namespace;
+        Error::kube(
+            format!("list BundleDeployments in {ns} on the hub"),
+            false,
+            e,
+        )
+    })?;
+    let existing: BTreeSet<String> = list.items.iter().map(|bd| bd.name_any()).collect();
+    cleanup::sweep(ctx, &existing).await
+}

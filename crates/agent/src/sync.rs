@@ -1,0 +1,115 @@
+//! One object downstream: observe it, let [`plan::object_plan`] decide, hand the operations to
+//! the executor, and report the object's state. Also the namespaces objects land in.
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
+use serde_json::Value;
+use tender_runtime::reconcile::error_text;
+use tender_runtime::{Op, ReconcileError};
+use tender_types::{ObjectRef, ObjectState, ObjectStatus};
+
+use crate::context::Context;
+use crate::plan::{self, Desired, Mode, ObjectPlan, Owner};
+use crate::status::{self, describe};
+
+/// Brings one object in line with `d` (or reports why not) and returns its state; an object
+/// restored after drift is added to `corrected`.
+pub(crate) async fn sync_object(
+    ctx: &Context,
+    d: &Desired,
+    owner: &Owner,
+    mode: Mode,
+    corrected: &mut Vec<ObjectRef>,
+) -> ObjectStatus {
+    let error = |msg: String| status::object(&d.key, ObjectState::Error, Some(msg));
+    let (key, api) = match ctx.down.locate(&d.key).await {
+        Ok(x) => x,
+        Err(e) => return error(message(&e)),
+    };
+    let live = match api.get_opt(&d.key.name).await {
+        Ok(live) => live.map(|o| serde_json::to_value(o).unwrap_or_default()),
+        Err(e) => return error(format!("cannot read: {}", error_text(&e, key.is_secret()))),
+    };
+    let (ops, corrects_drift) = match plan::object_plan(d, &key, live.as_ref(), owner, mode) {
+        ObjectPlan::Settled { state, message } => {
+            match state {
+                ObjectState::Conflict => ctx.metrics.conflict(),
+                ObjectState::Missing | ObjectState::Modified => ctx.metrics.drift(false),
+                _ => {}
+            }
+            return status::object(&d.key, state, message);
+        }
+        ObjectPlan::Write {
+            ops,
+            corrects_drift,
+        } => (ops, corrects_drift),
+    };
+    let mut applied: Option<Value> = None;
+    for op in ops {
+        let action = action(&op);
+        match ctx.down_writer.execute(op).await {
+            Ok(outcome) => {
+                if outcome.wrote {
+                    for action in action {
+                        ctx.metrics.written(action, &d.key.kind);
+                    }
+                }
+                applied = outcome.object.or(applied);
+            }
+            Err(e) => return error(message(&e)),
+        }
+    }
+    if corrects_drift {
+        ctx.metrics.drift(true);
+        corrected.push(d.key.clone());
+        tracing::info!(object = %describe(&d.key), "restored after downstream drift");
+    }
+    ctx.drift.ensure(&key.resource);
+    let (state, message) = plan::applied_state(applied.as_ref());
+    status::object(&d.key, state, message)
+}
+
+/// What `tender_agent_objects_written_total` counts for an operation that wrote.
+fn action(op: &Op) -> &'static [&'static str] {
+    match op {
+        Op::Apply(_) => &["apply"],
+        Op::Recreate { .. } => &["recreate", "apply"],
+        // Dropping keys other managers added to a copy is part of its apply.
+        _ => &[],
+    }
+}
+
+/// Makes sure namespace `ns` exists downstream (and is not being deleted); `Err` is the message
+/// for the objects that would land in it.
+pub(crate) async fn ensure_namespace(ctx: &Context, ns: &str) -> Result<(), String> {
+    let api: Api<Namespace> = Api::all(ctx.down.client.clone());
+    match api.get_opt(ns).await {
+        Ok(Some(n)) if n.metadata.deletion_timestamp.is_some() => {
+            Err(format!("namespace {ns} is being deleted downstream"))
+        }
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => {
+            ctx.metrics.written("apply", "Namespace");
+            ctx.down_writer
+                .execute(plan::namespace_op(ns))
+                .await
+                .map(drop)
+                .map_err(|e| message(&e))
+        }
+        Err(e) => Err(format!(
+            "cannot read namespace {ns}: {}",
+            error_text(&e, false)
+        )),
+    }
+}
+
+/// An error as a status message: the apiserver's reason and message (never its message about
+/// a Secret, which [`ReconcileError`] already dropped), not the client's debug dump.
+pub(crate) fn message(error: &ReconcileError) -> String {
+    match error {
+        ReconcileError::Kube { action, source } => {
+            format!("cannot {action}: {}", error_text(source, false))
+        }
+        other => other.to_string(),
+    }
+}
