@@ -94,7 +94,7 @@ async fn serve_probes(agent: &AgentHandle) -> (SocketAddr, JoinHandle<()>) {
     (addr, task)
 }
 
-/// A counter sample from an OpenMetrics text, e.g. `agent_heartbeats_total{target="lease",result="error"}`.
+/// A counter sample from an OpenMetrics text, e.g. `tender_agent_heartbeats_total{target="lease",result="error"}`.
 fn sample(text: &str, series: &str) -> u64 {
     text.lines()
         .find_map(|l| {
