@@ -157,7 +157,26 @@ pub fn kubeconfig_yaml(
 impl TestEnv {
     /// Builds the control plane if needed, starts everything and waits until every
     /// apiserver answers `/readyz`; then writes `<state-dir>/ready`.
+    ///
+    /// Ports are picked free by the kernel and handed to the components, so another process
+    /// (a parallel test environment) can take one first; such a start is retried on fresh
+    /// ports, up to three times.
     pub async fn start(opts: EnvOptions) -> Result<TestEnv> {
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(opts.clone()).await {
+                Err(e) if attempt < 3 && format!("{e:#}").contains("address already in use") => {
+                    eprintln!(
+                        "tender-e2e: a port was taken before its component bound it; starting again"
+                    );
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once(opts: EnvOptions) -> Result<TestEnv> {
         let bin = tokio::task::spawn_blocking(ensure_controlplane).await??;
         let (state_dir, remove_state_dir) = match opts.state_dir {
             Some(d) => {

@@ -72,7 +72,7 @@ impl Context {
                 &config.agent_namespace,
                 down_writer.clone(),
             ),
-            drift: DriftWatches::new(downstream.clone(), ns, trigger),
+            drift: DriftWatches::new(downstream.clone(), ns, trigger, down_writer.clone()),
             down: Downstream::new(downstream),
             down_writer,
             hub_writer,

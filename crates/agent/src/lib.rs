@@ -18,7 +18,8 @@
 //! - `config` — `AgentConfig` and its defaults.
 //! - `context` — the one shared `Context`, built once: clients, caches, both executors, metrics.
 //! - `copies` — the hub-side reflectors of the copies and the look-up of a verified copy.
-//! - `drift` — downstream watches of managed objects, mapped to their BundleDeployment.
+//! - `drift` — downstream caches of managed objects; their events wake the owning
+//!   BundleDeployment and retire the downstream executor's memo entries.
 //! - `reconcile` — the finalizer wrapper and the error policy.
 //! - `deploy` — observe → plan → execute for one BundleDeployment, in the required order.
 //! - `sync` — one object: read it, [`plan::object_plan`], execute, report its state.
@@ -32,7 +33,8 @@
 //! How an event becomes a write: a watch event (a BundleDeployment, a hub copy through
 //! `copies`, or a managed downstream object through `drift`) queues the BundleDeployment in the
 //! controller; `reconcile` runs `deploy`, which plans each object from the hub caches and
-//! discovery, records the inventory, and for each object `sync` reads the live object and asks
+//! discovery, records the inventory, and for each object `sync` reads the object from the
+//! downstream cache (the apiserver on a miss) and asks
 //! `plan::object_plan` for operations — none when nothing changed — which the downstream
 //! executor carries out; `report` turns the outcome into a status write and events (none when
 //! the status is unchanged) for the hub executor.

@@ -26,9 +26,13 @@ pub(crate) async fn sync_object(
         Ok(x) => x,
         Err(e) => return error(message(&e)),
     };
-    let live = match api.get_opt(&d.key.name).await {
-        Ok(live) => live.map(|o| serde_json::to_value(o).unwrap_or_default()),
-        Err(e) => return error(format!("cannot read: {}", error_text(&e, key.is_secret()))),
+    // Observe: the cache of managed objects, else the apiserver (absent, or not ours).
+    let live = match ctx.drift.cached(&key) {
+        Some(cached) => Some(serde_json::to_value(cached.as_ref()).unwrap_or_default()),
+        None => match api.get_opt(&d.key.name).await {
+            Ok(live) => live.map(|o| serde_json::to_value(o).unwrap_or_default()),
+            Err(e) => return error(format!("cannot read: {}", error_text(&e, key.is_secret()))),
+        },
     };
     let (ops, corrects_drift) = match plan::object_plan(d, &key, live.as_ref(), owner, mode) {
         ObjectPlan::Settled { state, message } => {
@@ -65,7 +69,9 @@ pub(crate) async fn sync_object(
         tracing::info!(object = %describe(&d.key), "restored after downstream drift");
     }
     ctx.drift.ensure(&key.resource);
-    let (state, message) = plan::applied_state(applied.as_ref());
+    // A write the executor skipped (made a moment ago, the cache not caught up yet) is judged
+    // on what the cache shows.
+    let (state, message) = plan::applied_state(applied.as_ref().or(live.as_ref()));
     status::object(&d.key, state, message)
 }
 

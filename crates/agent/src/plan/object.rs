@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Namespace;
 use serde_json::{Map, Value, json};
-use tender_runtime::executor::Apply;
+use tender_runtime::executor::{Apply, Fingerprint};
 use tender_runtime::{ObjectKey, Op};
 use tender_types::ObjectState;
 use tender_types::labels;
@@ -132,17 +132,28 @@ pub fn object_plan(
     mode: Mode,
 ) -> ObjectPlan {
     let may_change = mode.pending || mode.correct_drift;
+    // Recreates are never skipped: only plain applies carry the fingerprint the executor's
+    // memo knows a write by (the live resourceVersion and the desired content hash).
     let apply = Apply {
         key: key.clone(),
         body: desired.body.clone(),
         replace_if_immutable: false,
         fingerprint: None,
     };
+    let fingerprinted = |apply: Apply| Apply {
+        fingerprint: Some(Fingerprint {
+            live_version: live
+                .and_then(|l| l["metadata"]["resourceVersion"].as_str())
+                .map(str::to_string),
+            desired: desired.hash.clone(),
+        }),
+        ..apply
+    };
     let corrects_drift = !mode.pending;
     let Some(live) = live else {
         return if may_change {
             ObjectPlan::Write {
-                ops: vec![Op::Apply(apply)],
+                ops: vec![Op::Apply(fingerprinted(apply))],
                 corrects_drift,
             }
         } else {
@@ -176,7 +187,7 @@ pub fn object_plan(
             .copy
             .then(|| extra_data_patch(desired, live))
             .flatten();
-        std::iter::once(Op::Apply(apply))
+        std::iter::once(Op::Apply(fingerprinted(apply)))
             .chain(extra.map(|patch| Op::MergePatch {
                 key: key.clone(),
                 patch,
@@ -365,12 +376,26 @@ mod tests {
         correct_drift: true,
         take_ownership: false,
     };
+    /// The apply of `d` without a fingerprint (as inside a recreate).
     fn apply_op(d: &Desired) -> Op {
         Op::Apply(Apply {
             key: ObjectKey::of::<Secret>(Some("apps"), "db"),
             body: d.body.clone(),
             replace_if_immutable: false,
             fingerprint: None,
+        })
+    }
+    /// The apply of `d` over the live version `live_version`, as the memo knows it.
+    fn fingerprinted_apply(d: &Desired, live_version: Option<&str>) -> Op {
+        let Op::Apply(apply) = apply_op(d) else {
+            unreachable!()
+        };
+        Op::Apply(Apply {
+            fingerprint: Some(Fingerprint {
+                live_version: live_version.map(str::to_string),
+                desired: d.hash.clone(),
+            }),
+            ..apply
         })
     }
     #[test]
@@ -409,14 +434,14 @@ mod tests {
         assert_eq!(
             secret_plan(&d, None, rollout),
             ObjectPlan::Write {
-                ops: vec![apply_op(&d)],
+                ops: vec![fingerprinted_apply(&d, None)],
                 corrects_drift: false
             }
         );
         assert_eq!(
             secret_plan(&d, None, STEADY),
             ObjectPlan::Write {
-                ops: vec![apply_op(&d)],
+                ops: vec![fingerprinted_apply(&d, None)],
                 corrects_drift: true
             }
         );
@@ -463,7 +488,7 @@ mod tests {
             secret_plan(&d, Some(&edited), STEADY),
             ObjectPlan::Write {
                 ops: vec![
-                    apply_op(&d),
+                    fingerprinted_apply(&d, edited["metadata"]["resourceVersion"].as_str()),
                     Op::MergePatch {
                         key: ObjectKey::of::<Secret>(Some("apps"), "db"),
                         patch: json!({"data": {"more": null}}),
