@@ -476,6 +476,10 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     provision(cluster, ctx).await?;
+    // Decide the status on the cache as it is now: the reconcile's snapshot may predate our
+    // own last status write, whose watch event has since retired its memo entry.
+    let latest = ctx.stores.clusters.get(&ObjectRef::from_obj(cluster));
+    let cluster: &Cluster = latest.as_deref().unwrap_or(cluster);
 
     let lease = ctx
         .stores
@@ -500,14 +504,15 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         ctx.config.agent_offline_after,
     );
     let desired = status_key(&status);
-    let changed = cluster.status.as_ref() != Some(&status);
+    let unchanged = cluster.status.as_ref() == Some(&status);
     let mut ours = status;
     ours.agent = None; // the agent's field: never written by the hub
+    // `old` is what the hub's own fields would be if nothing changed (the agent's are not ours).
     let op = status_op::<Cluster, _>(
         &workspace,
         &name,
         cluster.resource_version(),
-        (!changed).then_some(&ours),
+        unchanged.then_some(&ours),
         &ours,
         desired,
     );

@@ -115,6 +115,14 @@ pub fn group_status(
 
 pub(crate) async fn reconcile(group: Arc<ClusterGroup>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
+    // The cache as it is now (see the Cluster reconciler): never decide on an older snapshot.
+    let group = ctx
+        .stores
+        .groups
+        .get(&kube::runtime::reflector::ObjectRef::from_obj(
+            group.as_ref(),
+        ))
+        .unwrap_or(group);
     let ns = group.namespace().unwrap_or_default();
     let clusters = ctx.clusters_in(&ns);
     let members: Vec<Member<'_>> = clusters

@@ -20,6 +20,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tender_runtime::Op;
 use tender_types::targeting::GroupInfo;
@@ -208,6 +209,10 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
 }
 
 async fn write_status(bundle: &Bundle, ctx: &Ctx, facts: &BundleFacts) -> Result<(), Error> {
+    // Decide on the cache as it is now: the reconcile's snapshot may predate our own last
+    // status write, whose watch event has since retired its memo entry.
+    let latest = ctx.stores.bundles.get(&ObjectRef::from_obj(bundle));
+    let bundle: &Bundle = latest.as_deref().unwrap_or(bundle);
     let old = bundle.status.as_ref();
     let new = bundle_status(
         old,
