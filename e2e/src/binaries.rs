@@ -65,9 +65,14 @@ pub fn tender_binaries() -> Result<&'static Binaries> {
         if key == "OUT_DIR"
             || key == "CARGO_PRIMARY_PACKAGE"
             || key == "CARGO_TARGET_TMPDIR"
-            || ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_"]
-                .iter()
-                .any(|p| key.starts_with(p))
+            || [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+            ]
+            .iter()
+            .any(|p| key.starts_with(p))
         {
             cmd.env_remove(key);
         }

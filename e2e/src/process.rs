@@ -54,6 +54,7 @@ impl Process {
 
     /// Starts `program args` with `env` added to the inherited environment and stdout and
     /// stderr appended to `log`.
+    #[allow(unsafe_code)] // libc calls, each with a SAFETY comment
     pub fn start_with_env(
         name: &str,
         program: &Path,
@@ -130,6 +131,7 @@ impl Drop for Process {
 }
 
 /// Sends SIGTERM to `pid` and waits up to `grace` for it to disappear; SIGKILL after that.
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 pub fn terminate(pid: u32, grace: Duration) {
     let pid = pid as libc::pid_t;
     // SAFETY: plain kill(2) calls on a pid.
