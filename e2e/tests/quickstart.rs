@@ -9,7 +9,11 @@
 //!   and env, with its Secret volumes as files and its ServiceAccount's token (TokenRequest API)
 //!   as its identity — the hub runs as the chart's ServiceAccount, the agent as the downstream
 //!   ServiceAccount and hub kubeconfig `tender cluster add` printed, never as admin;
-//! - `kubectl apply -f`/`kubectl delete -f` → server-side apply/delete of the same files.
+//! - `kubectl apply -f`/`kubectl delete -f` → server-side apply/delete of the same files;
+//! - the agent chart of the "…or with Helm" alternative is rendered (`helm template`), not
+//!   installed, since the printed manifests already installed this cluster's agent.
+//!
+//! `kubectl get tender` (the CRDs' category) is proven in `crds.rs`.
 //!
 //! If the README's quick start changes, this test changes with it.
 
