@@ -98,6 +98,7 @@ pub fn ensure_helm() -> Result<PathBuf> {
 }
 
 /// Builds `package` of the Go module in `src` into the cache, keyed by the module's stamp.
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 fn ensure_go_binary(
     src: &Path,
     package: &str,

@@ -97,6 +97,7 @@ fn random_token() -> Result<String> {
 
 /// Removes state directories of earlier runs whose supervisor is gone (a test binary that
 /// was killed cannot clean up after itself).
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 fn sweep_stale(root: &Path) {
     let Ok(entries) = fs::read_dir(root) else {
         return;

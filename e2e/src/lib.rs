@@ -46,9 +46,12 @@ pub async fn shared_env(downstream: usize) -> &'static TestEnv {
 
 /// Registering clusters and running agents in-process (owned by the agent work).
 pub mod agent_harness;
+pub mod apply;
+pub mod binaries;
 /// Installing the CRDs into a test cluster.
 pub mod crds;
 pub mod fixture;
 /// Running tender's hub in-process against the test environment (owned by the hub work).
 pub mod hub_harness;
+pub mod local_pod;
 pub mod proxy;

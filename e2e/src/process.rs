@@ -49,6 +49,19 @@ pub struct Process {
 impl Process {
     /// Starts `program args` with stdout and stderr appended to `log`.
     pub fn start(name: &str, program: &Path, args: &[String], log: &Path) -> Result<Process> {
+        Self::start_with_env(name, program, args, &[], log)
+    }
+
+    /// Starts `program args` with `env` added to the inherited environment and stdout and
+    /// stderr appended to `log`.
+    #[allow(unsafe_code)] // libc calls, each with a SAFETY comment
+    pub fn start_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: &Path,
+    ) -> Result<Process> {
         let out = File::options()
             .create(true)
             .append(true)
@@ -56,6 +69,7 @@ impl Process {
             .with_context(|| format!("opening {}", log.display()))?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out);
@@ -117,6 +131,7 @@ impl Drop for Process {
 }
 
 /// Sends SIGTERM to `pid` and waits up to `grace` for it to disappear; SIGKILL after that.
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 pub fn terminate(pid: u32, grace: Duration) {
     let pid = pid as libc::pid_t;
     // SAFETY: plain kill(2) calls on a pid.

@@ -188,6 +188,7 @@ async fn forward(
 }
 
 /// `SO_LINGER` with a zero timeout: closing the socket sends RST at once (never blocks).
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 fn reset_on_close(stream: &TcpStream) {
     use std::os::fd::AsRawFd;
     let linger = libc::linger {

@@ -14,7 +14,8 @@ use tender_types::{Cluster, ClusterSpec, labels, names, namespaces};
 
 /// Name of the downstream Secret holding the agent's hub kubeconfig (key `kubeconfig`).
 pub const HUB_KUBECONFIG_SECRET: &str = "tender-agent-hub";
-/// Default agent image.
+/// Default agent image. No public image exists yet: build and push your own from
+/// `deploy/Dockerfile` and pass `--image` (see the README's quick start).
 pub const DEFAULT_AGENT_IMAGE: &str = concat!(
     "ghcr.io/tender-dev/tender-agent:v",
     env!("CARGO_PKG_VERSION")
@@ -59,7 +60,8 @@ pub struct AddArgs {
     /// Namespace the agent runs in downstream.
     #[arg(long, default_value = namespaces::DEFAULT_AGENT_NAMESPACE)]
     pub agent_namespace: String,
-    /// Agent container image.
+    /// Agent container image. No public image exists yet: build `--target agent` of
+    /// deploy/Dockerfile, push it to your registry and name it here.
     #[arg(long, default_value = DEFAULT_AGENT_IMAGE)]
     pub image: String,
     /// Write only the agent's hub kubeconfig to this file instead of printing manifests.

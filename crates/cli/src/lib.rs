@@ -1,5 +1,8 @@
-//! The `tender` command-line tool: one module per subcommand, `main.rs` only dispatches.
+//! The `tender` command-line tool: one module per subcommand; [`app`] parses and dispatches,
+//! `main.rs` only calls it.
 
+pub mod app;
 pub mod cluster;
+pub mod completions;
 pub mod crdgen;
 pub mod status;

@@ -1,14 +1,25 @@
-//! `tender status`: Bundles and Clusters of a workspace at a glance.
+//! `tender status`: Bundles and Clusters of a workspace at a glance, or one Bundle cluster by
+//! cluster, as a table, JSON or YAML.
+//!
+//! Reading the hub is kept apart from rendering: [`workspace_report`] and [`bundle_report`]
+//! turn listed objects into plain rows, and the renderers only format rows, so both are unit
+//! tested without a cluster.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use tender_types::{Bundle, Cluster, conditions};
+use serde::Serialize;
+use tender_types::{Bundle, BundleDeployment, Cluster, conditions, labels};
 
 /// Arguments of `tender status`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
+    /// Show this Bundle only: every cluster it targets with its BundleDeployment's state,
+    /// reason and message.
+    pub bundle: Option<String>,
     /// Workspace namespace on the hub.
     #[arg(
         long,
@@ -20,42 +31,308 @@ pub struct Args {
     /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
     #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
     pub hub_kubeconfig: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
+    pub output: Output,
 }
 
-/// One line per Bundle and per Cluster, `kubectl get`-style.
-pub fn render(bundles: &[Bundle], clusters: &[Cluster]) -> String {
-    use kube::ResourceExt;
-    let mut out = format!(
-        "{:<32} {:<14} {:<10} {}\n",
-        "BUNDLE", "CLUSTERS-READY", "READY", "MESSAGE"
-    );
-    for b in bundles {
-        let status = b.status.clone().unwrap_or_default();
-        let ready = conditions::find_condition(&status.conditions, conditions::TYPE_READY);
-        out.push_str(&format!(
-            "{:<32} {:<14} {:<10} {}\n",
-            b.name_any(),
-            status.display.map(|d| d.ready_clusters).unwrap_or_default(),
-            ready.map(|c| c.status.as_str()).unwrap_or("Unknown"),
-            ready.map(|c| c.message.clone()).unwrap_or_default(),
-        ));
+/// How `tender status` prints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// Aligned columns, `kubectl get`-style.
+    #[default]
+    Table,
+    /// One JSON document.
+    Json,
+    /// One YAML document.
+    Yaml,
+}
+
+/// A workspace: its Bundles and Clusters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceReport {
+    /// The workspace namespace.
+    pub workspace: String,
+    /// One row per Bundle, by name.
+    pub bundles: Vec<BundleRow>,
+    /// One row per Cluster, by name.
+    pub clusters: Vec<ClusterRow>,
+}
+
+/// One Bundle's summary.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleRow {
+    /// Bundle name.
+    pub name: String,
+    /// One-word state (Ready, NotReady, Pending, …), empty before the hub has reported.
+    pub state: String,
+    /// Ready clusters out of targeted ones, e.g. `2/3`.
+    pub clusters_ready: String,
+    /// Status of the Ready condition: True, False or Unknown.
+    pub ready: String,
+    /// Reason of the Ready condition.
+    pub reason: String,
+    /// Message of the Ready condition.
+    pub message: String,
+}
+
+/// One Cluster's summary.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRow {
+    /// Cluster name.
+    pub name: String,
+    /// One-word state (WaitingForAgent, Ready, Offline, …).
+    pub state: String,
+    /// Ready BundleDeployments out of all, e.g. `3/4`.
+    pub bundles_ready: String,
+    /// The cluster's namespace on the hub.
+    pub namespace: String,
+}
+
+/// One Bundle, cluster by cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleReport {
+    /// The workspace namespace.
+    pub workspace: String,
+    /// The Bundle's summary.
+    pub bundle: BundleRow,
+    /// One row per targeted cluster (per BundleDeployment), by cluster name.
+    pub clusters: Vec<TargetRow>,
+}
+
+/// One targeted cluster of a Bundle: its BundleDeployment's state.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRow {
+    /// Cluster name.
+    pub cluster: String,
+    /// The cluster's namespace on the hub, where the BundleDeployment lives.
+    pub namespace: String,
+    /// One-word state of the BundleDeployment (Ready, WaitApplied, ErrApplied, …).
+    pub state: String,
+    /// Status of its Ready condition: True, False or Unknown.
+    pub ready: String,
+    /// Reason of its Ready condition.
+    pub reason: String,
+    /// Message of its Ready condition.
+    pub message: String,
+}
+
+/// The Ready condition as (status, reason, message); `Unknown` and empty when absent.
+fn ready_parts(conds: &[Condition]) -> (String, String, String) {
+    match conditions::find_condition(conds, conditions::TYPE_READY) {
+        Some(c) => (c.status.clone(), c.reason.clone(), c.message.clone()),
+        None => ("Unknown".into(), String::new(), String::new()),
     }
-    out.push_str(&format!(
-        "\n{:<32} {:<14} {:<14} {}\n",
-        "CLUSTER", "STATE", "BUNDLES-READY", "NAMESPACE"
-    ));
-    for c in clusters {
-        let status = c.status.clone().unwrap_or_default();
-        let display = status.display.unwrap_or_default();
-        out.push_str(&format!(
-            "{:<32} {:<14} {:<14} {}\n",
-            c.name_any(),
-            display.state,
-            display.ready_bundles,
-            status.namespace.unwrap_or_default(),
-        ));
+}
+
+/// The summary row of a Bundle.
+pub fn bundle_row(b: &Bundle) -> BundleRow {
+    let status = b.status.clone().unwrap_or_default();
+    let (ready, reason, message) = ready_parts(&status.conditions);
+    let display = status.display.unwrap_or_default();
+    BundleRow {
+        name: b.name_any(),
+        state: display.state,
+        clusters_ready: display.ready_clusters,
+        ready,
+        reason,
+        message,
+    }
+}
+
+/// The rows of a workspace, sorted by name.
+pub fn workspace_report(
+    workspace: &str,
+    bundles: &[Bundle],
+    clusters: &[Cluster],
+) -> WorkspaceReport {
+    let mut bundles: Vec<BundleRow> = bundles.iter().map(bundle_row).collect();
+    bundles.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut clusters: Vec<ClusterRow> = clusters
+        .iter()
+        .map(|c| {
+            let status = c.status.clone().unwrap_or_default();
+            let display = status.display.unwrap_or_default();
+            ClusterRow {
+                name: c.name_any(),
+                state: display.state,
+                bundles_ready: display.ready_bundles,
+                namespace: status.namespace.unwrap_or_default(),
+            }
+        })
+        .collect();
+    clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    WorkspaceReport {
+        workspace: workspace.to_string(),
+        bundles,
+        clusters,
+    }
+}
+
+/// The rows of one Bundle: one per BundleDeployment, named by the cluster label the hub sets.
+pub fn bundle_report(
+    workspace: &str,
+    bundle: &Bundle,
+    deployments: &[BundleDeployment],
+) -> BundleReport {
+    let mut clusters: Vec<TargetRow> = deployments
+        .iter()
+        .map(|bd| {
+            let status = bd.status.clone().unwrap_or_default();
+            let (ready, reason, message) = ready_parts(&status.conditions);
+            let state = match status.display.map(|d| d.state) {
+                Some(s) if !s.is_empty() => s,
+                // The agent has not reported yet: say so rather than print nothing.
+                _ => "WaitingForAgent".to_string(),
+            };
+            TargetRow {
+                cluster: bd
+                    .labels()
+                    .get(labels::CLUSTER)
+                    .cloned()
+                    .unwrap_or_default(),
+                namespace: bd.namespace().unwrap_or_default(),
+                state,
+                ready,
+                reason,
+                message,
+            }
+        })
+        .collect();
+    clusters.sort_by(|a, b| (&a.cluster, &a.namespace).cmp(&(&b.cluster, &b.namespace)));
+    BundleReport {
+        workspace: workspace.to_string(),
+        bundle: bundle_row(bundle),
+        clusters,
+    }
+}
+
+/// Left-aligned columns separated by three spaces; the last column is not padded.
+fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let last = cells.len() - 1;
+        let mut out = String::new();
+        for (i, cell) in cells.into_iter().enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<width$}   ", width = widths[i]));
+            }
+        }
+        out.truncate(out.trim_end().len());
+        out.push('\n');
+        out
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
     out
+}
+
+/// A workspace as two tables, Bundles then Clusters.
+pub fn render_workspace_table(report: &WorkspaceReport) -> String {
+    let bundles: Vec<Vec<String>> = report
+        .bundles
+        .iter()
+        .map(|b| {
+            vec![
+                b.name.clone(),
+                b.clusters_ready.clone(),
+                b.ready.clone(),
+                b.reason.clone(),
+                b.message.clone(),
+            ]
+        })
+        .collect();
+    let clusters: Vec<Vec<String>> = report
+        .clusters
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.state.clone(),
+                c.bundles_ready.clone(),
+                c.namespace.clone(),
+            ]
+        })
+        .collect();
+    format!(
+        "{}\n{}",
+        table(
+            &["BUNDLE", "CLUSTERS-READY", "READY", "REASON", "MESSAGE"],
+            &bundles
+        ),
+        table(
+            &["CLUSTER", "STATE", "BUNDLES-READY", "NAMESPACE"],
+            &clusters
+        )
+    )
+}
+
+/// One Bundle: its summary line, then one line per targeted cluster.
+pub fn render_bundle_table(report: &BundleReport) -> String {
+    let b = &report.bundle;
+    let mut out = format!(
+        "Bundle {}/{}: {} clusters ready, Ready={}",
+        report.workspace,
+        b.name,
+        if b.clusters_ready.is_empty() {
+            "?"
+        } else {
+            &b.clusters_ready
+        },
+        b.ready
+    );
+    if !b.reason.is_empty() {
+        out.push_str(&format!(" ({})", b.reason));
+    }
+    if !b.message.is_empty() {
+        out.push_str(&format!(": {}", b.message));
+    }
+    out.push_str("\n\n");
+    if report.clusters.is_empty() {
+        out.push_str("No cluster is targeted (no BundleDeployment exists for this Bundle).\n");
+        return out;
+    }
+    let rows: Vec<Vec<String>> = report
+        .clusters
+        .iter()
+        .map(|t| {
+            vec![
+                t.cluster.clone(),
+                t.state.clone(),
+                t.ready.clone(),
+                t.reason.clone(),
+                t.message.clone(),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["CLUSTER", "STATE", "READY", "REASON", "MESSAGE"],
+        &rows,
+    ));
+    out
+}
+
+/// `report` as JSON or YAML (a trailing newline included), or as `table(report)`.
+pub fn render<T: Serialize>(report: &T, output: Output, table: fn(&T) -> String) -> Result<String> {
+    Ok(match output {
+        Output::Table => table(report),
+        Output::Json => serde_json::to_string_pretty(report)? + "\n",
+        Output::Yaml => serde_saphyr::to_string(report)?,
+    })
 }
 
 /// Runs `tender status`.
@@ -63,14 +340,231 @@ pub async fn run(args: Args) -> Result<()> {
     let hub = tender_runtime::client(args.hub_kubeconfig.as_deref(), None, "tender-cli")
         .await
         .context("connecting to the hub")?;
-    let bundles = Api::<Bundle>::namespaced(hub.clone(), &args.workspace)
-        .list(&ListParams::default())
-        .await
-        .context("listing Bundles")?;
-    let clusters = Api::<Cluster>::namespaced(hub, &args.workspace)
-        .list(&ListParams::default())
-        .await
-        .context("listing Clusters")?;
-    print!("{}", render(&bundles.items, &clusters.items));
+    let ws = &args.workspace;
+    let text = match &args.bundle {
+        None => {
+            let bundles = Api::<Bundle>::namespaced(hub.clone(), ws)
+                .list(&ListParams::default())
+                .await
+                .with_context(|| format!("listing Bundles in {ws}"))?;
+            let clusters = Api::<Cluster>::namespaced(hub, ws)
+                .list(&ListParams::default())
+                .await
+                .with_context(|| format!("listing Clusters in {ws}"))?;
+            render(
+                &workspace_report(ws, &bundles.items, &clusters.items),
+                args.output,
+                render_workspace_table,
+            )?
+        }
+        Some(name) => {
+            let bundle = Api::<Bundle>::namespaced(hub.clone(), ws)
+                .get_opt(name)
+                .await
+                .with_context(|| format!("reading Bundle {ws}/{name}"))?
+                .with_context(|| format!("Bundle {ws}/{name} not found"))?;
+            // The hub writes a Bundle's BundleDeployments into each cluster's own namespace and
+            // labels them with the Bundle; the labels find them across namespaces.
+            let selector = format!(
+                "{}={},{}={}",
+                labels::BUNDLE_NAMESPACE,
+                labels::safe_label_value(ws),
+                labels::BUNDLE_NAME,
+                labels::safe_label_value(name)
+            );
+            let deployments = Api::<BundleDeployment>::all(hub)
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .with_context(|| format!("listing the BundleDeployments of Bundle {ws}/{name}"))?;
+            render(
+                &bundle_report(ws, &bundle, &deployments.items),
+                args.output,
+                render_bundle_table,
+            )?
+        }
+    };
+    print!("{text}");
     Ok(())
+}
+
+/// One line per Bundle and per Cluster, `kubectl get`-style (the table of [`workspace_report`]).
+pub fn render_table(bundles: &[Bundle], clusters: &[Cluster]) -> String {
+    render_workspace_table(&workspace_report("", bundles, clusters))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+    use std::collections::BTreeMap;
+    use tender_types::bundle::{BundleDisplay, BundleStatus};
+    use tender_types::bundle_deployment::{BundleDeploymentDisplay, BundleDeploymentStatus};
+    use tender_types::cluster::{ClusterDisplay, ClusterStatus};
+
+    fn cond(status: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            type_: conditions::TYPE_READY.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: message.into(),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }
+    }
+
+    fn bundle(name: &str, ready_clusters: &str, c: Option<Condition>) -> Bundle {
+        let mut b = Bundle::new(name, Default::default());
+        b.metadata.namespace = Some("ws".into());
+        b.status = Some(BundleStatus {
+            conditions: c.into_iter().collect(),
+            display: Some(BundleDisplay {
+                ready_clusters: ready_clusters.into(),
+                state: "Ready".into(),
+            }),
+            ..Default::default()
+        });
+        b
+    }
+
+    fn cluster(name: &str, state: &str) -> Cluster {
+        let mut c = Cluster::new(name, Default::default());
+        c.status = Some(ClusterStatus {
+            namespace: Some(format!("ws-{name}")),
+            display: Some(ClusterDisplay {
+                ready_bundles: "1/1".into(),
+                state: state.into(),
+            }),
+            ..Default::default()
+        });
+        c
+    }
+
+    fn deployment(cluster: &str, state: Option<&str>, c: Option<Condition>) -> BundleDeployment {
+        let mut bd = BundleDeployment::new("web", Default::default());
+        bd.metadata.namespace = Some(format!("ws-{cluster}"));
+        bd.metadata.labels = Some(BTreeMap::from([(
+            labels::CLUSTER.to_string(),
+            cluster.to_string(),
+        )]));
+        bd.status = Some(BundleDeploymentStatus {
+            conditions: c.into_iter().collect(),
+            display: state.map(|s| BundleDeploymentDisplay { state: s.into() }),
+            ..Default::default()
+        });
+        bd
+    }
+
+    fn web_report() -> BundleReport {
+        bundle_report(
+            "ws",
+            &bundle(
+                "web",
+                "1/2",
+                Some(cond("False", "NotReady", "1 of 2 clusters")),
+            ),
+            &[
+                deployment(
+                    "west",
+                    Some("ErrApplied"),
+                    Some(cond("False", "ApplyFailed", "ConfigMap apps/x: forbidden")),
+                ),
+                deployment("east", Some("Ready"), Some(cond("True", "Ready", ""))),
+                deployment("north", None, None),
+            ],
+        )
+    }
+
+    #[test]
+    fn workspace_table_lists_bundles_then_clusters_sorted() {
+        let report = workspace_report(
+            "ws",
+            &[
+                bundle("zeta", "0/1", None),
+                bundle("alpha", "2/2", Some(cond("True", "Ready", ""))),
+            ],
+            &[cluster("east", "Ready")],
+        );
+        let text = render_workspace_table(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "BUNDLE   CLUSTERS-READY   READY     REASON   MESSAGE",
+                "alpha    2/2              True      Ready",
+                "zeta     0/1              Unknown",
+                "",
+                "CLUSTER   STATE   BUNDLES-READY   NAMESPACE",
+                "east      Ready   1/1             ws-east",
+            ]
+        );
+        // The compatibility entry point renders the same table.
+        assert_eq!(
+            render_table(&[bundle("zeta", "0/1", None)], &[]),
+            render_workspace_table(&workspace_report("", &[bundle("zeta", "0/1", None)], &[]))
+        );
+    }
+
+    #[test]
+    fn bundle_table_has_one_line_per_cluster_with_reason_and_message() {
+        let text = render_bundle_table(&web_report());
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "Bundle ws/web: 1/2 clusters ready, Ready=False (NotReady): 1 of 2 clusters",
+                "",
+                "CLUSTER   STATE             READY     REASON        MESSAGE",
+                "east      Ready             True      Ready",
+                "north     WaitingForAgent   Unknown",
+                "west      ErrApplied        False     ApplyFailed   ConfigMap apps/x: forbidden",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bundle_without_deployments_says_so() {
+        let report = bundle_report("ws", &bundle("web", "0/0", None), &[]);
+        assert!(render_bundle_table(&report).contains("No cluster is targeted"));
+    }
+
+    #[test]
+    fn json_and_yaml_carry_every_field_in_camel_case() {
+        let report = web_report();
+        let json = render(&report, Output::Json, render_bundle_table).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["bundle"]["name"], "web");
+        assert_eq!(v["bundle"]["clustersReady"], "1/2");
+        assert_eq!(v["clusters"][2]["cluster"], "west");
+        assert_eq!(v["clusters"][2]["namespace"], "ws-west");
+        assert_eq!(v["clusters"][2]["state"], "ErrApplied");
+        assert_eq!(v["clusters"][2]["reason"], "ApplyFailed");
+        assert_eq!(v["clusters"][2]["message"], "ConfigMap apps/x: forbidden");
+
+        let yaml = render(&report, Output::Yaml, render_bundle_table).unwrap();
+        let back: serde_json::Value = serde_saphyr::from_str(&yaml).unwrap();
+        assert_eq!(back, v, "YAML and JSON say the same thing");
+
+        let ws = workspace_report(
+            "ws",
+            &[bundle("web", "1/1", None)],
+            &[cluster("east", "Ready")],
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&render(&ws, Output::Json, render_workspace_table).unwrap())
+                .unwrap();
+        assert_eq!(v["workspace"], "ws");
+        assert_eq!(v["bundles"][0]["ready"], "Unknown");
+        assert_eq!(v["clusters"][0]["bundlesReady"], "1/1");
+        assert_eq!(v["clusters"][0]["namespace"], "ws-east");
+    }
+
+    #[test]
+    fn table_output_is_the_table() {
+        let report = web_report();
+        assert_eq!(
+            render(&report, Output::Table, render_bundle_table).unwrap(),
+            render_bundle_table(&report)
+        );
+    }
 }

@@ -1,6 +1,6 @@
 //! Logging setup shared by every tender binary.
 
-use std::{fmt, str::FromStr};
+use std::{ffi::OsStr, fmt, io::IsTerminal, str::FromStr};
 
 use tracing_subscriber::{EnvFilter, fmt as tfmt, layer::SubscriberExt, util::SubscriberInitExt};
 
@@ -39,6 +39,13 @@ impl fmt::Display for LogFormat {
     }
 }
 
+/// Whether text log lines carry ANSI colour codes: only when they go to a terminal, and not
+/// when `NO_COLOR` is set to a non-empty value (<https://no-color.org>). Redirected to a file,
+/// piped, or collected by a container runtime, the lines stay plain text.
+pub fn use_ansi(writer_is_terminal: bool, no_color: Option<&OsStr>) -> bool {
+    writer_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
 /// Installs the global tracing subscriber.
 ///
 /// `filter` is an `EnvFilter` directive such as `info,tender_hub=debug`. A non-empty `RUST_LOG`
@@ -56,7 +63,17 @@ pub fn init(log_format: LogFormat, filter: &str) -> Result<()> {
 
     // Both layers are optional so the subscriber has a single concrete type either way.
     let (text, json) = match log_format {
-        LogFormat::Text => (Some(tfmt::layer().with_writer(std::io::stderr)), None),
+        LogFormat::Text => {
+            // The subscriber writes to stderr, so colour follows whether stderr is a terminal.
+            let ansi = use_ansi(
+                std::io::stderr().is_terminal(),
+                std::env::var_os("NO_COLOR").as_deref(),
+            );
+            (
+                Some(tfmt::layer().with_ansi(ansi).with_writer(std::io::stderr)),
+                None,
+            )
+        }
         LogFormat::Json => (
             None,
             Some(
@@ -88,5 +105,17 @@ mod tests {
         assert_eq!("text".parse::<LogFormat>(), Ok(LogFormat::Text));
         assert!("yaml".parse::<LogFormat>().is_err());
         assert_eq!(LogFormat::Json.to_string(), "json");
+    }
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_ansi(true, None));
+        assert!(!use_ansi(false, None), "a file or pipe gets plain text");
+        assert!(!use_ansi(true, Some(OsStr::new("1"))), "NO_COLOR wins");
+        assert!(
+            use_ansi(true, Some(OsStr::new(""))),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!use_ansi(false, Some(OsStr::new("1"))));
     }
 }

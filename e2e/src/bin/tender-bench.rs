@@ -80,6 +80,7 @@ fn mem_mb(pid: Option<u32>, field: &str) -> f64 {
 }
 
 /// The bench process's RSS after handing freed heap pages back, so it is close to live memory.
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 fn own_rss_mb() -> f64 {
     // SAFETY: glibc's malloc_trim only returns free heap pages to the kernel.
     unsafe { libc::malloc_trim(0) };
@@ -87,6 +88,7 @@ fn own_rss_mb() -> f64 {
 }
 
 /// User + system CPU seconds of a process so far.
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 fn cpu_secs(pid: Option<u32>) -> f64 {
     let stat = proc_file(pid, "stat");
     let Some((_, rest)) = stat.rsplit_once(") ") else {

@@ -102,6 +102,7 @@ fn up(downstream: usize, state_dir: PathBuf) -> Result<()> {
 }
 
 /// Re-runs `up` in a new session with output to DIR/testenv.log and waits for DIR/ready.
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 fn detach(downstream: usize, state_dir: PathBuf) -> Result<()> {
     use std::os::unix::process::CommandExt;
     std::fs::create_dir_all(&state_dir)?;
