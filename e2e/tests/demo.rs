@@ -38,8 +38,14 @@ fn demo_copies_deploys_and_rotates() {
             "{stdout}"
         );
     }
+    // `tender status`: the Bundle's row shows both clusters ready.
     assert!(
-        stdout.contains("registry-creds                   2/2"),
+        stdout.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.first() == Some(&"registry-creds")
+                && cols.contains(&"2/2")
+                && cols.contains(&"True")
+        }),
         "{stdout}"
     );
 }
