@@ -41,15 +41,18 @@ pub fn render(bundles: &[Bundle], clusters: &[Cluster]) -> String {
         ));
     }
     out.push_str(&format!(
-        "\n{:<32} {:<14} {:<14} {}\n",
-        "CLUSTER", "STATE", "BUNDLES-READY", "NAMESPACE"
+        "\n{:<32} {:<6} {:<24} {:<14} {}\n",
+        "CLUSTER", "MODE", "STATE", "BUNDLES-READY", "NAMESPACE"
     ));
     for c in clusters {
         let status = c.status.clone().unwrap_or_default();
+        // The spec decides the mode; the status says so once the hub has seen it.
+        let mode = status.mode.unwrap_or_else(|| c.spec.mode());
         let display = status.display.unwrap_or_default();
         out.push_str(&format!(
-            "{:<32} {:<14} {:<14} {}\n",
+            "{:<32} {:<6} {:<24} {:<14} {}\n",
             c.name_any(),
+            mode.to_string(),
             display.state,
             display.ready_bundles,
             status.namespace.unwrap_or_default(),
@@ -73,4 +76,39 @@ pub async fn run(args: Args) -> Result<()> {
         .context("listing Clusters")?;
     print!("{}", render(&bundles.items, &clusters.items));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tender_types::{ClusterDisplay, ClusterMode, ClusterSpec, ClusterStatus, KubeconfigSecretRef};
+
+    #[test]
+    fn clusters_show_their_mode_and_state() {
+        let pull = Cluster::new("east", ClusterSpec::default());
+        let mut push = Cluster::new(
+            "edge",
+            ClusterSpec {
+                kubeconfig_secret_ref: Some(KubeconfigSecretRef {
+                    name: "edge-kubeconfig".into(),
+                    key: None,
+                }),
+                ..Default::default()
+            },
+        );
+        push.status = Some(ClusterStatus {
+            mode: Some(ClusterMode::Push),
+            display: Some(ClusterDisplay {
+                ready_bundles: "0/1".into(),
+                state: "KubeconfigExecNotAllowed".into(),
+            }),
+            ..Default::default()
+        });
+        let out = render(&[], &[pull, push]);
+        let line = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+        assert!(line("east").contains(" Pull "), "{out}");
+        let edge = line("edge");
+        assert!(edge.contains(" Push ") && edge.contains("KubeconfigExecNotAllowed "), "{out}");
+        assert!(out.contains(" MODE "), "{out}");
+    }
 }

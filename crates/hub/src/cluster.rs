@@ -816,7 +816,7 @@ mod tests {
         let push = access_objects(agent_access("ws", "east"), ClusterMode::Push);
         let ops = kinds(&provision_ops(push, &live));
         assert_eq!(ops.len(), 2, "{ops:?}");
-        assert!(ops.iter().all(|o| o.starts_with("delete ") && o.contains("rolebindings")), "{ops:?}");
+        assert!(ops.iter().all(|o| o.starts_with("delete ") && o.contains("RoleBinding ")), "{ops:?}");
 
         // Push, bindings already gone: no operations.
         let push = access_objects(agent_access("ws", "east"), ClusterMode::Push);
@@ -830,7 +830,7 @@ mod tests {
         let pull = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
         let ops = kinds(&provision_ops(pull, &gone));
         assert_eq!(ops.len(), 2, "{ops:?}");
-        assert!(ops.iter().all(|o| o.starts_with("apply ") && o.contains("rolebindings")), "{ops:?}");
+        assert!(ops.iter().all(|o| o.starts_with("apply ") && o.contains("RoleBinding ")), "{ops:?}");
     }
 
     #[test]
