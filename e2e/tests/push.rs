@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject,
+};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tender_e2e::fixture::{self, WAIT, Workspace, secret_value, stays, wait_secret};
@@ -52,7 +54,9 @@ async fn grant_push_rights(env: &TestEnv, cluster: &str, user: &str) -> String {
             rule(&["namespaces"], &["get", "list", "watch", "create"]),
             rule(
                 &["secrets", "configmaps"],
-                &["get", "list", "watch", "create", "update", "patch", "delete"],
+                &[
+                    "get", "list", "watch", "create", "update", "patch", "delete",
+                ],
             ),
         ]),
         ..Default::default()
@@ -100,7 +104,10 @@ async fn kubeconfig_secret(ws: &Workspace, name: &str, kubeconfig: &str) {
             name: Some(name.into()),
             ..Default::default()
         },
-        string_data: Some(BTreeMap::from([("value".to_string(), kubeconfig.to_string())])),
+        string_data: Some(BTreeMap::from([(
+            "value".to_string(),
+            kubeconfig.to_string(),
+        )])),
         ..Default::default()
     };
     Api::<Secret>::namespaced(ws.hub.clone(), &ws.ns)
@@ -119,25 +126,36 @@ async fn push_cluster(ws: &Workspace, name: &str, secret: &str) {
         "spec": {"kubeconfigSecretRef": {"name": secret}}
     }))
     .unwrap();
-    clusters.create(&PostParams::default(), &cluster).await.unwrap();
-    eventually(&format!("Cluster {name} namespace provisioned"), WAIT, || async {
-        let c = clusters.get(name).await?;
-        Ok::<_, kube::Error>(c.status.and_then(|s| s.namespace).map(|_| ()))
-    })
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .unwrap();
+    eventually(
+        &format!("Cluster {name} namespace provisioned"),
+        WAIT,
+        || async {
+            let c = clusters.get(name).await?;
+            Ok::<_, kube::Error>(c.status.and_then(|s| s.namespace).map(|_| ()))
+        },
+    )
     .await;
 }
 
 /// Waits until Cluster `name`'s `ClusterConnected` condition has `reason`; returns its message.
 async fn connection(ws: &Workspace, name: &str, reason: &str) -> String {
     let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
-    eventually(&format!("Cluster {name} ClusterConnected={reason}"), WAIT, || async {
-        let c = clusters.get(name).await?;
-        Ok::<_, kube::Error>(c.status.and_then(|s| {
-            find_condition(&s.conditions, TYPE_CLUSTER_CONNECTED)
-                .filter(|c| c.reason == reason)
-                .map(|c| c.message.clone())
-        }))
-    })
+    eventually(
+        &format!("Cluster {name} ClusterConnected={reason}"),
+        WAIT,
+        || async {
+            let c = clusters.get(name).await?;
+            Ok::<_, kube::Error>(c.status.and_then(|s| {
+                find_condition(&s.conditions, TYPE_CLUSTER_CONNECTED)
+                    .filter(|c| c.reason == reason)
+                    .map(|c| c.message.clone())
+            }))
+        },
+    )
     .await
 }
 
@@ -165,35 +183,63 @@ async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restri
     let down = ws.downstream(&downstream).await;
 
     // carol has no rights downstream: her identity is refused.
-    kubeconfig_secret(&ws, "edge-kubeconfig", &env.kubeconfig_as(&downstream, "carol")).await;
+    kubeconfig_secret(
+        &ws,
+        "edge-kubeconfig",
+        &env.kubeconfig_as(&downstream, "carol"),
+    )
+    .await;
     push_cluster(&ws, "edge", "edge-kubeconfig").await;
     connection(&ws, "edge", "KubeconfigRefused").await;
 
     // Rotated to alice, who has the documented rights: picked up without restart.
     let alice = grant_push_rights(env, &downstream, "alice").await;
-    kubeconfig_secret(&ws, "edge-kubeconfig", &env.kubeconfig_as(&downstream, "alice")).await;
+    kubeconfig_secret(
+        &ws,
+        "edge-kubeconfig",
+        &env.kubeconfig_as(&downstream, "alice"),
+    )
+    .await;
     connection(&ws, "edge", "ClusterConnected").await;
 
-    let cluster = Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns).get("edge").await.unwrap();
-    assert_eq!(cluster.status.as_ref().unwrap().mode, Some(ClusterMode::Push));
+    let cluster = Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns)
+        .get("edge")
+        .await
+        .unwrap();
+    assert_eq!(
+        cluster.status.as_ref().unwrap().mode,
+        Some(ClusterMode::Push)
+    );
     // No pull agent can act for a push cluster: its RoleBindings are not provisioned.
     let bindings = Api::<RoleBinding>::namespaced(ws.hub.clone(), &ws.cluster_ns("edge"));
     assert!(bindings.get_opt(names::AGENT_ROLE).await.unwrap().is_none());
     let ws_bindings = Api::<RoleBinding>::namespaced(ws.hub.clone(), &ws.ns);
-    assert!(ws_bindings.get_opt(&names::agent_workspace_role("edge")).await.unwrap().is_none());
+    assert!(
+        ws_bindings
+            .get_opt(&names::agent_workspace_role("edge"))
+            .await
+            .unwrap()
+            .is_none()
+    );
 
     // Copies, then manifests.
     ws.source_secret("db-creds", &[("password", "one")]).await;
-    ws.source_config_map("app-config", &[("mode", "blue")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
     let target = unique_name("apps");
     let kept_ns = unique_name("kept");
-    ws.bundle("app", app_bundle(&["edge"], &target, false)).await;
-    ws.bundle("kept", app_bundle(&["edge"], &kept_ns, true)).await;
+    ws.bundle("app", app_bundle(&["edge"], &target, false))
+        .await;
+    ws.bundle("kept", app_bundle(&["edge"], &kept_ns, true))
+        .await;
     ws.ready("edge", "app").await;
     ws.ready("edge", "kept").await;
     password_is(&down, &target, "one", "the copy at edge").await;
     let settings = Api::<ConfigMap>::namespaced(down.clone(), &target);
-    assert!(settings.get_opt("app-settings").await.unwrap().is_some(), "the manifest is applied");
+    assert!(
+        settings.get_opt("app-settings").await.unwrap().is_some(),
+        "the manifest is applied"
+    );
 
     // A rotated source arrives.
     ws.source_secret("db-creds", &[("password", "two")]).await;
@@ -209,10 +255,21 @@ async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restri
     // The kubeconfig rotated from alice to bob, alice's rights revoked: the next source
     // rotation can only arrive with bob's identity.
     let bob = grant_push_rights(env, &downstream, "bob").await;
-    kubeconfig_secret(&ws, "edge-kubeconfig", &env.kubeconfig_as(&downstream, "bob")).await;
+    kubeconfig_secret(
+        &ws,
+        "edge-kubeconfig",
+        &env.kubeconfig_as(&downstream, "bob"),
+    )
+    .await;
     revoke(env, &downstream, &alice).await;
     ws.source_secret("db-creds", &[("password", "three")]).await;
-    password_is(&down, &target, "three", "the rotation after the credential rotation").await;
+    password_is(
+        &down,
+        &target,
+        "three",
+        "the rotation after the credential rotation",
+    )
+    .await;
     connection(&ws, "edge", "ClusterConnected").await;
 
     // Deleting the Bundles: `app`'s objects go, `kept`'s stay without tender's metadata.
@@ -220,7 +277,13 @@ async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restri
     ws.delete_bundle("kept").await;
     let bds = ws.bds("edge");
     eventually("both BundleDeployments cleaned up", WAIT, || async {
-        Ok::<_, kube::Error>(bds.list(&Default::default()).await?.items.is_empty().then_some(()))
+        Ok::<_, kube::Error>(
+            bds.list(&Default::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()),
+        )
     })
     .await;
     let copies = Api::<Secret>::namespaced(down.clone(), &target);
@@ -233,7 +296,12 @@ async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restri
         .await
         .unwrap();
     assert!(
-        !kept.metadata.labels.iter().flatten().any(|(k, _)| labels::is_tender_key(k)),
+        !kept
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .any(|(k, _)| labels::is_tender_key(k)),
         "a kept copy carries no tender labels: {:?}",
         kept.metadata.labels
     );
@@ -260,8 +328,14 @@ async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restri
     for user in ["alice", "bob", "carol"] {
         assert!(!seen.contains(env.token(user)), "{user}'s token leaked");
     }
-    assert!(!seen.contains(&ca) && !seen.contains(env.ca_pem().trim()), "CA data leaked");
-    assert!(seen.contains("ClusterConnected"), "the search covers the Cluster status");
+    assert!(
+        !seen.contains(&ca) && !seen.contains(env.ca_pem().trim()),
+        "CA data leaked"
+    );
+    assert!(
+        seen.contains("ClusterConnected"),
+        "the search covers the Cluster status"
+    );
     revoke(env, &downstream, &bob).await;
     drop(hub);
 }
@@ -288,7 +362,13 @@ async fn missing_invalid_and_exec_kubeconfigs_are_conditions_and_modes_switch() 
     let message = connection(&ws, "flip", "KubeconfigMissing").await;
     assert!(message.contains("flip-kubeconfig"), "{message}");
     eventually("the pull agent's RoleBinding removed", WAIT, || async {
-        Ok::<_, kube::Error>(bindings.get_opt(names::AGENT_ROLE).await?.is_none().then_some(()))
+        Ok::<_, kube::Error>(
+            bindings
+                .get_opt(names::AGENT_ROLE)
+                .await?
+                .is_none()
+                .then_some(()),
+        )
     })
     .await;
     let c = clusters.get("flip").await.unwrap();
@@ -300,7 +380,10 @@ async fn missing_invalid_and_exec_kubeconfigs_are_conditions_and_modes_switch() 
     let secret_text = format!("token: {}\n  : [", unique_name("not-a-kubeconfig"));
     kubeconfig_secret(&ws, "flip-kubeconfig", &secret_text).await;
     let message = connection(&ws, "flip", "KubeconfigInvalid").await;
-    assert!(!message.contains("not-a-kubeconfig"), "the content is never quoted: {message}");
+    assert!(
+        !message.contains("not-a-kubeconfig"),
+        "the content is never quoted: {message}"
+    );
 
     // An exec plugin, refused by default.
     let exec = ws
@@ -316,7 +399,10 @@ async fn missing_invalid_and_exec_kubeconfigs_are_conditions_and_modes_switch() 
         })
         .collect::<Vec<_>>()
         .join("\n");
-    assert!(exec.contains("command: /bin/true"), "the exec kubeconfig is built:\n{exec}");
+    assert!(
+        exec.contains("command: /bin/true"),
+        "the exec kubeconfig is built:\n{exec}"
+    );
     kubeconfig_secret(&ws, "flip-kubeconfig", &exec).await;
     let message = connection(&ws, "flip", "KubeconfigExecNotAllowed").await;
     assert!(message.contains("--allow-kubeconfig-exec"), "{message}");
@@ -347,13 +433,16 @@ async fn an_unreachable_cluster_is_reported_keeps_everything_and_resumes() {
     let downstream = downstream_name(1);
     let server = ws.env.cluster(&downstream).server.clone();
     let proxy = TcpProxy::for_server(&server).await.unwrap();
-    let kubeconfig = proxy.rewrite_kubeconfig(&ws.env.kubeconfig_as(&downstream, ADMIN_USER), &server);
+    let kubeconfig =
+        proxy.rewrite_kubeconfig(&ws.env.kubeconfig_as(&downstream, ADMIN_USER), &server);
     kubeconfig_secret(&ws, "far-kubeconfig", &kubeconfig).await;
     push_cluster(&ws, "far", "far-kubeconfig").await;
     connection(&ws, "far", "ClusterConnected").await;
 
-    ws.source_secret("db-creds", &[("password", "before")]).await;
-    ws.source_config_map("app-config", &[("mode", "blue")]).await;
+    ws.source_secret("db-creds", &[("password", "before")])
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
     let target = unique_name("apps");
     ws.bundle("app", app_bundle(&["far"], &target, false)).await;
     ws.ready("far", "app").await;
@@ -364,19 +453,25 @@ async fn an_unreachable_cluster_is_reported_keeps_everything_and_resumes() {
     let message = connection(&ws, "far", "ClusterUnreachable").await;
     assert!(!message.contains(ws.env.token(ADMIN_USER)), "{message}");
     // During the outage a rotation cannot arrive, and nothing is deleted anywhere.
-    ws.source_secret("db-creds", &[("password", "during")]).await;
+    ws.source_secret("db-creds", &[("password", "during")])
+        .await;
     let copies = Api::<Secret>::namespaced(down.clone(), &target);
     let settings = Api::<ConfigMap>::namespaced(down.clone(), &target);
     let bds = ws.bds("far");
-    stays("downstream objects and the BundleDeployment during the outage", Duration::from_secs(4), &(true, true, true, Some("before".to_string())), || async {
-        let copy = copies.get_opt("db-creds").await.unwrap();
-        (
-            settings.get_opt("app-settings").await.unwrap().is_some(),
-            bds.get_opt("app").await.unwrap().is_some(),
-            copy.is_some(),
-            copy.and_then(|s| secret_value(&s, "password")),
-        )
-    })
+    stays(
+        "downstream objects and the BundleDeployment during the outage",
+        Duration::from_secs(4),
+        &(true, true, true, Some("before".to_string())),
+        || async {
+            let copy = copies.get_opt("db-creds").await.unwrap();
+            (
+                settings.get_opt("app-settings").await.unwrap().is_some(),
+                bds.get_opt("app").await.unwrap().is_some(),
+                copy.is_some(),
+                copy.and_then(|s| secret_value(&s, "password")),
+            )
+        },
+    )
     .await;
 
     proxy.restore();
@@ -400,7 +495,10 @@ async fn a_hung_cluster_does_not_slow_another() {
     let downstream = downstream_name(1);
     let server = ws.env.cluster(&downstream).server.clone();
     let admin = ws.env.kubeconfig_as(&downstream, ADMIN_USER);
-    let hung = admin.replace(&format!("server: {server}"), &format!("server: https://{hung_addr}"));
+    let hung = admin.replace(
+        &format!("server: {server}"),
+        &format!("server: https://{hung_addr}"),
+    );
     assert_ne!(hung, admin, "the hung kubeconfig points elsewhere");
     kubeconfig_secret(&ws, "hung-kubeconfig", &hung).await;
     kubeconfig_secret(&ws, "quick-kubeconfig", &admin).await;
@@ -410,9 +508,11 @@ async fn a_hung_cluster_does_not_slow_another() {
     connection(&ws, "quick", "ClusterConnected").await;
 
     ws.source_secret("db-creds", &[("password", "one")]).await;
-    ws.source_config_map("app-config", &[("mode", "blue")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
     let target = unique_name("apps");
-    ws.bundle("app", app_bundle(&["hung", "quick"], &target, false)).await;
+    ws.bundle("app", app_bundle(&["hung", "quick"], &target, false))
+        .await;
     ws.ready("quick", "app").await;
     let down = ws.downstream(&downstream).await;
     password_is(&down, &target, "one", "the copy at quick").await;

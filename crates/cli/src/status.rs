@@ -81,7 +81,9 @@ pub async fn run(args: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tender_types::{ClusterDisplay, ClusterMode, ClusterSpec, ClusterStatus, KubeconfigSecretRef};
+    use tender_types::{
+        ClusterDisplay, ClusterMode, ClusterSpec, ClusterStatus, KubeconfigSecretRef,
+    };
 
     #[test]
     fn clusters_show_their_mode_and_state() {
@@ -105,10 +107,18 @@ mod tests {
             ..Default::default()
         });
         let out = render(&[], &[pull, push]);
-        let line = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap().to_string();
+        let line = |name: &str| {
+            out.lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .to_string()
+        };
         assert!(line("east").contains(" Pull "), "{out}");
         let edge = line("edge");
-        assert!(edge.contains(" Push ") && edge.contains("KubeconfigExecNotAllowed "), "{out}");
+        assert!(
+            edge.contains(" Push ") && edge.contains("KubeconfigExecNotAllowed "),
+            "{out}"
+        );
         assert!(out.contains(" MODE "), "{out}");
     }
 }

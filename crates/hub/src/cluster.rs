@@ -417,7 +417,10 @@ fn provision_ops(objects: Vec<Provisioned>, live: &[Option<String>]) -> Vec<Op> 
                 replace_if_immutable: false,
                 fingerprint: None,
             })),
-            (false, Some(_)) => Some(Op::Delete { key: o.key, uid: None }),
+            (false, Some(_)) => Some(Op::Delete {
+                key: o.key,
+                uid: None,
+            }),
             (false, None) => None,
         })
         .collect()
@@ -816,7 +819,11 @@ mod tests {
         let push = access_objects(agent_access("ws", "east"), ClusterMode::Push);
         let ops = kinds(&provision_ops(push, &live));
         assert_eq!(ops.len(), 2, "{ops:?}");
-        assert!(ops.iter().all(|o| o.starts_with("delete ") && o.contains("RoleBinding ")), "{ops:?}");
+        assert!(
+            ops.iter()
+                .all(|o| o.starts_with("delete ") && o.contains("RoleBinding ")),
+            "{ops:?}"
+        );
 
         // Push, bindings already gone: no operations.
         let push = access_objects(agent_access("ws", "east"), ClusterMode::Push);
@@ -830,39 +837,79 @@ mod tests {
         let pull = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
         let ops = kinds(&provision_ops(pull, &gone));
         assert_eq!(ops.len(), 2, "{ops:?}");
-        assert!(ops.iter().all(|o| o.starts_with("apply ") && o.contains("RoleBinding ")), "{ops:?}");
+        assert!(
+            ops.iter()
+                .all(|o| o.starts_with("apply ") && o.contains("RoleBinding ")),
+            "{ops:?}"
+        );
     }
 
     #[test]
     fn push_state_drives_cluster_connected_ready_and_mode() {
         let after = Duration::from_secs(90);
         let status = |existing: Option<&ClusterStatus>, push: Option<&PushState>, heartbeat| {
-            cluster_status(existing, "ns", heartbeat, summary(1, 1), false, push, Some(1), at(100), after).0
+            cluster_status(
+                existing,
+                "ns",
+                heartbeat,
+                summary(1, 1),
+                false,
+                push,
+                Some(1),
+                at(100),
+                after,
+            )
+            .0
         };
         let unreachable = PushState::Unreachable("no answer".into());
         let down = status(None, Some(&unreachable), Some(at(99)));
         assert_eq!(down.mode, Some(ClusterMode::Push));
-        let connected = conditions::find_condition(&down.conditions, TYPE_CLUSTER_CONNECTED).unwrap();
-        assert_eq!((connected.status.as_str(), connected.reason.as_str()), ("False", "ClusterUnreachable"));
+        let connected =
+            conditions::find_condition(&down.conditions, TYPE_CLUSTER_CONNECTED).unwrap();
+        assert_eq!(
+            (connected.status.as_str(), connected.reason.as_str()),
+            ("False", "ClusterUnreachable")
+        );
         let ready = conditions::find_condition(&down.conditions, TYPE_READY).unwrap();
-        assert_eq!(ready.reason, "ClusterUnreachable", "unreachable wins over a fresh heartbeat");
+        assert_eq!(
+            ready.reason, "ClusterUnreachable",
+            "unreachable wins over a fresh heartbeat"
+        );
         assert_eq!(down.display.as_ref().unwrap().state, "ClusterUnreachable");
 
         for (state, reason) in [
-            (PushState::KubeconfigMissing("x".into()), "KubeconfigMissing"),
-            (PushState::KubeconfigInvalid("x".into()), "KubeconfigInvalid"),
-            (PushState::ExecNotAllowed("x".into()), "KubeconfigExecNotAllowed"),
+            (
+                PushState::KubeconfigMissing("x".into()),
+                "KubeconfigMissing",
+            ),
+            (
+                PushState::KubeconfigInvalid("x".into()),
+                "KubeconfigInvalid",
+            ),
+            (
+                PushState::ExecNotAllowed("x".into()),
+                "KubeconfigExecNotAllowed",
+            ),
             (PushState::Refused("x".into()), "KubeconfigRefused"),
         ] {
             let s = status(None, Some(&state), None);
-            assert_eq!(conditions::find_condition(&s.conditions, TYPE_READY).unwrap().reason, reason);
+            assert_eq!(
+                conditions::find_condition(&s.conditions, TYPE_READY)
+                    .unwrap()
+                    .reason,
+                reason
+            );
         }
 
         let up = status(Some(&down), Some(&PushState::Connected), Some(at(99)));
         assert!(conditions::is_true(&up.conditions, TYPE_CLUSTER_CONNECTED));
         assert!(conditions::is_true(&up.conditions, TYPE_READY));
         assert_eq!(up.display.as_ref().unwrap().state, "Ready");
-        assert_eq!(status(Some(&up), Some(&PushState::Connected), Some(at(99))), up, "nothing changed");
+        assert_eq!(
+            status(Some(&up), Some(&PushState::Connected), Some(at(99))),
+            up,
+            "nothing changed"
+        );
 
         // Back to pull: the push condition goes, the mode says Pull.
         let pulled = status(Some(&up), None, Some(at(99)));

@@ -153,7 +153,9 @@ fn scope_controllers(
 async fn run(
     ctx: Arc<Ctx>,
     inputs: ControllerInputs,
-    push_states: futures::channel::mpsc::UnboundedReceiver<kube::runtime::reflector::ObjectRef<tender_types::Cluster>>,
+    push_states: futures::channel::mpsc::UnboundedReceiver<
+        kube::runtime::reflector::ObjectRef<tender_types::Cluster>,
+    >,
 ) {
     let ControllerInputs {
         bundles,

@@ -28,7 +28,8 @@ pub use bundle_deployment::{
     BundleDeploymentStatus, CopiedResource, ObjectRef, ObjectState, ObjectStatus,
 };
 pub use cluster::{
-    AgentStatus, Cluster, ClusterDisplay, ClusterMode, ClusterSpec, ClusterStatus, KubeconfigSecretRef,
+    AgentStatus, Cluster, ClusterDisplay, ClusterMode, ClusterSpec, ClusterStatus,
+    KubeconfigSecretRef,
 };
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
 

@@ -41,28 +41,45 @@ fn invalid(why: impl Into<String>) -> Problem {
 /// `exec` and `auth-provider` only with `allow_exec`. Returns the kubeconfig with its current
 /// context set.
 pub fn check(bytes: &[u8], allow_exec: bool) -> Result<Kubeconfig, Problem> {
-    let text = std::str::from_utf8(bytes).map_err(|_| invalid("the kubeconfig is not UTF-8 text"))?;
+    let text =
+        std::str::from_utf8(bytes).map_err(|_| invalid("the kubeconfig is not UTF-8 text"))?;
     let mut config = Kubeconfig::from_yaml(text)
         .map_err(|_| invalid("the kubeconfig cannot be parsed as a kubeconfig (YAML)"))?;
     let current = match (&config.current_context, config.contexts.as_slice()) {
         (Some(name), _) if !name.is_empty() => name.clone(),
         (_, [only]) => only.name.clone(),
-        _ => return Err(invalid("the kubeconfig has no current-context (and more or fewer than one context)")),
+        _ => {
+            return Err(invalid(
+                "the kubeconfig has no current-context (and more or fewer than one context)",
+            ));
+        }
     };
     let context = config
         .contexts
         .iter()
         .find(|c| c.name == current)
         .and_then(|c| c.context.clone())
-        .ok_or_else(|| invalid(format!("the kubeconfig's current-context {current:?} is not among its contexts")))?;
+        .ok_or_else(|| {
+            invalid(format!(
+                "the kubeconfig's current-context {current:?} is not among its contexts"
+            ))
+        })?;
     let cluster = config
         .clusters
         .iter()
         .find(|c| c.name == context.cluster)
         .and_then(|c| c.cluster.as_ref())
-        .ok_or_else(|| invalid(format!("cluster {:?} of context {current:?} is not in the kubeconfig", context.cluster)))?;
+        .ok_or_else(|| {
+            invalid(format!(
+                "cluster {:?} of context {current:?} is not in the kubeconfig",
+                context.cluster
+            ))
+        })?;
     if cluster.server.as_deref().is_none_or(str::is_empty) {
-        return Err(invalid(format!("cluster {:?} has no server", context.cluster)));
+        return Err(invalid(format!(
+            "cluster {:?} has no server",
+            context.cluster
+        )));
     }
     if cluster.certificate_authority.is_some() {
         return Err(invalid(
@@ -78,7 +95,11 @@ pub fn check(bytes: &[u8], allow_exec: bool) -> Result<Kubeconfig, Problem> {
         .iter()
         .find(|u| u.name == user_name)
         .and_then(|u| u.auth_info.as_ref())
-        .ok_or_else(|| invalid(format!("user {user_name:?} of context {current:?} is not in the kubeconfig")))?;
+        .ok_or_else(|| {
+            invalid(format!(
+                "user {user_name:?} of context {current:?} is not in the kubeconfig"
+            ))
+        })?;
     if user.token_file.is_some() || user.client_certificate.is_some() || user.client_key.is_some() {
         return Err(invalid(
             "the user names a file (tokenFile, client-certificate or client-key), which the hub does not read; embed the data instead",
@@ -119,7 +140,10 @@ impl Default for Timeouts {
 }
 
 /// The client configuration of a checked kubeconfig, with `timeouts`.
-pub async fn client_config(kubeconfig: Kubeconfig, timeouts: Timeouts) -> Result<kube::Config, Problem> {
+pub async fn client_config(
+    kubeconfig: Kubeconfig,
+    timeouts: Timeouts,
+) -> Result<kube::Config, Problem> {
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         // The loader's errors describe structure (missing URL, bad base64), but stay cautious.
@@ -188,7 +212,10 @@ users:
             check(exec.as_bytes(), false).err(),
             Some(Problem::ExecNotAllowed("an exec plugin"))
         );
-        assert!(check(exec.as_bytes(), true).is_ok(), "allowed by the operator");
+        assert!(
+            check(exec.as_bytes(), true).is_ok(),
+            "allowed by the operator"
+        );
         let provider = kubeconfig(AUTH_PROVIDER_USER);
         assert_eq!(
             check(provider.as_bytes(), false).err(),
@@ -210,7 +237,10 @@ users:
             "    client-certificate: /etc/tls/tls.crt\n    client-key: /etc/tls/tls.key",
         ] {
             assert!(
-                matches!(check(kubeconfig(user).as_bytes(), true), Err(Problem::Invalid(_))),
+                matches!(
+                    check(kubeconfig(user).as_bytes(), true),
+                    Err(Problem::Invalid(_))
+                ),
                 "{user}"
             );
         }
@@ -218,7 +248,10 @@ users:
             "certificate-authority-data: Q0EtREFUQQ==",
             "certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
         );
-        assert!(matches!(check(ca_file.as_bytes(), true), Err(Problem::Invalid(_))));
+        assert!(matches!(
+            check(ca_file.as_bytes(), true),
+            Err(Problem::Invalid(_))
+        ));
     }
 
     #[test]
@@ -227,7 +260,10 @@ users:
         let cases = [
             format!("{good}\n  : [unbalanced {TOKEN}"),
             good.replace("current-context: edge", "current-context: other"),
-            good.replace("    cluster: edge\n    user", "    cluster: nowhere\n    user"),
+            good.replace(
+                "    cluster: edge\n    user",
+                "    cluster: nowhere\n    user",
+            ),
             good.replace("    server: https://10.0.0.1:6443\n", ""),
             good.replace("    user: edge-user", "    user: nobody"),
             "not: [a, kubeconfig".to_string(),
@@ -236,19 +272,28 @@ users:
             match check(case.as_bytes(), false) {
                 Err(Problem::Invalid(why)) => {
                     assert!(!why.contains(TOKEN), "the problem quotes the token: {why}");
-                    assert!(!why.contains("Q0EtREFUQQ=="), "the problem quotes CA data: {why}");
+                    assert!(
+                        !why.contains("Q0EtREFUQQ=="),
+                        "the problem quotes CA data: {why}"
+                    );
                 }
                 other => panic!("{case}\n→ {other:?}"),
             }
         }
-        assert!(matches!(check(&[0xff, 0xfe], false), Err(Problem::Invalid(_))));
+        assert!(matches!(
+            check(&[0xff, 0xfe], false),
+            Err(Problem::Invalid(_))
+        ));
     }
 
     #[test]
     fn a_single_context_without_current_context_is_used() {
         let config = kubeconfig(&token_user()).replace("current-context: edge\n", "");
         assert_eq!(
-            check(config.as_bytes(), false).unwrap().current_context.as_deref(),
+            check(config.as_bytes(), false)
+                .unwrap()
+                .current_context
+                .as_deref(),
             Some("edge")
         );
     }

@@ -148,7 +148,10 @@ pub fn step(
         return Step::Stop;
     };
     let Some(version) = cached_version else {
-        return Step::Missing(format!("Secret {:?} (kubeconfigSecretRef) does not exist", r.name));
+        return Step::Missing(format!(
+            "Secret {:?} (kubeconfigSecretRef) does not exist",
+            r.name
+        ));
     };
     let wanted = Source {
         secret: r.name.clone(),
@@ -218,19 +221,37 @@ impl Push {
 
     /// Stops Cluster `r`'s task (nothing is deleted anywhere) and forgets its state.
     pub(crate) fn stop(&self, r: &ObjectRef<Cluster>) {
-        if self.entries.lock().expect("push entries").remove(r).is_some() {
+        if self
+            .entries
+            .lock()
+            .expect("push entries")
+            .remove(r)
+            .is_some()
+        {
             tracing::info!(cluster = %r, "push task stopped");
         }
         self.states.lock().expect("push states").remove(r);
     }
 
-    fn record(&self, r: &ObjectRef<Cluster>, source: Source, task: Option<AbortOnDrop>, state: PushState) {
+    fn record(
+        &self,
+        r: &ObjectRef<Cluster>,
+        source: Source,
+        task: Option<AbortOnDrop>,
+        state: PushState,
+    ) {
         // Replacing the entry drops (aborts) the previous task.
-        self.entries
+        self.entries.lock().expect("push entries").insert(
+            r.clone(),
+            Entry {
+                source,
+                _task: task,
+            },
+        );
+        self.states
             .lock()
-            .expect("push entries")
-            .insert(r.clone(), Entry { source, _task: task });
-        self.states.lock().expect("push states").insert(r.clone(), state);
+            .expect("push states")
+            .insert(r.clone(), state);
     }
 
     /// Makes Cluster `cluster`'s push task match its spec and Secret (`cached_version`: the
@@ -256,7 +277,10 @@ impl Push {
             Step::Missing(why) => {
                 self.entries.lock().expect("push entries").remove(&r);
                 let state = PushState::KubeconfigMissing(why);
-                self.states.lock().expect("push states").insert(r, state.clone());
+                self.states
+                    .lock()
+                    .expect("push states")
+                    .insert(r, state.clone());
                 Ok(Some(state))
             }
             Step::Keep => Ok(self.state(&r)),
@@ -268,12 +292,23 @@ impl Push {
     }
 
     /// Reads the Secret, checks its kubeconfig and (re)starts the task.
-    async fn load(&self, cluster: &Cluster, r: &ObjectRef<Cluster>, source: Source) -> Result<PushState, Error> {
+    async fn load(
+        &self,
+        cluster: &Cluster,
+        r: &ObjectRef<Cluster>,
+        source: Source,
+    ) -> Result<PushState, Error> {
         let workspace = cluster.namespace().unwrap_or_default();
         let secret = Api::<Secret>::namespaced(self.hub.clone(), &workspace)
             .get_opt(&source.secret)
             .await
-            .map_err(|e| Error::kube(format!("read Secret {workspace}/{}", source.secret), true, e))?;
+            .map_err(|e| {
+                Error::kube(
+                    format!("read Secret {workspace}/{}", source.secret),
+                    true,
+                    e,
+                )
+            })?;
         let bytes = secret
             .and_then(|s| s.data)
             .and_then(|mut d| d.remove(&source.key))
@@ -288,7 +323,10 @@ impl Push {
             return Ok(state);
         };
         let refused = |problem: Problem| match problem {
-            Problem::Invalid(m) => PushState::KubeconfigInvalid(format!("Secret {:?} key {:?}: {m}", source.secret, source.key)),
+            Problem::Invalid(m) => PushState::KubeconfigInvalid(format!(
+                "Secret {:?} key {:?}: {m}",
+                source.secret, source.key
+            )),
             p @ Problem::ExecNotAllowed(_) => PushState::ExecNotAllowed(p.to_string()),
         };
         let checked = kubeconfig::check(&bytes, self.config.allow_kubeconfig_exec);
@@ -299,8 +337,9 @@ impl Push {
         };
         let client = config.and_then(|c| {
             let ua = format!("tender-hub-push/{}", env!("CARGO_PKG_VERSION"));
-            tender_runtime::client::client_from_config(c, None, &ua)
-                .map_err(|_| Problem::Invalid("no client can be built from the kubeconfig".to_string()))
+            tender_runtime::client::client_from_config(c, None, &ua).map_err(|_| {
+                Problem::Invalid("no client can be built from the kubeconfig".to_string())
+            })
         });
         let down = match client {
             Ok(c) => c,
@@ -374,9 +413,16 @@ async fn supervise(
     }
 }
 
-async fn run_agent(r: ObjectRef<Cluster>, hub: Client, down: Client, agent: AgentConfig, metrics: AgentMetrics) {
+async fn run_agent(
+    r: ObjectRef<Cluster>,
+    hub: Client,
+    down: Client,
+    agent: AgentConfig,
+    metrics: AgentMetrics,
+) {
     let shutdown = futures::future::pending::<()>();
-    if let Err(error) = tender_agent::run(hub, down, agent, metrics, Health::new(), shutdown).await {
+    if let Err(error) = tender_agent::run(hub, down, agent, metrics, Health::new(), shutdown).await
+    {
         tracing::warn!(cluster = %r, %error, "push agent stopped; restarted at the next successful probe");
     }
 }
@@ -397,9 +443,12 @@ async fn probe(down: &Client, agent_namespace: &str, timeout: Duration) -> PushS
             timeout.as_secs_f32()
         )),
         Ok(Ok(())) => PushState::Connected,
-        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => PushState::Refused(
-            format!("the cluster refuses the kubeconfig's identity: {} ({})", s.reason, s.code),
-        ),
+        Ok(Err(kube::Error::Api(s))) if s.code == 401 || s.code == 403 => {
+            PushState::Refused(format!(
+                "the cluster refuses the kubeconfig's identity: {} ({})",
+                s.reason, s.code
+            ))
+        }
         Ok(Err(e)) => PushState::Unreachable(format!(
             "the cluster does not answer: {}",
             tender_runtime::reconcile::error_text(&e, true)
@@ -433,8 +482,14 @@ mod tests {
     #[test]
     fn pull_mode_and_deletion_stop_the_task() {
         let running = source("1", "value");
-        assert_eq!(step(&ClusterSpec::default(), false, Some("1"), Some(&running)), Step::Stop);
-        assert_eq!(step(&push_spec(None), true, Some("1"), Some(&running)), Step::Stop);
+        assert_eq!(
+            step(&ClusterSpec::default(), false, Some("1"), Some(&running)),
+            Step::Stop
+        );
+        assert_eq!(
+            step(&push_spec(None), true, Some("1"), Some(&running)),
+            Step::Stop
+        );
     }
 
     #[test]
@@ -448,7 +503,11 @@ mod tests {
     #[test]
     fn only_a_new_secret_version_or_key_reloads() {
         let running = source("7", "value");
-        assert_eq!(step(&push_spec(None), false, Some("7"), Some(&running)), Step::Keep, "nothing changed");
+        assert_eq!(
+            step(&push_spec(None), false, Some("7"), Some(&running)),
+            Step::Keep,
+            "nothing changed"
+        );
         assert_eq!(
             step(&push_spec(None), false, Some("8"), Some(&running)),
             Step::Load(source("8", "value")),
@@ -459,7 +518,11 @@ mod tests {
             Step::Load(source("7", "other")),
             "another key"
         );
-        assert_eq!(step(&push_spec(None), false, Some("7"), None), Step::Load(source("7", "value")), "first start");
+        assert_eq!(
+            step(&push_spec(None), false, Some("7"), None),
+            Step::Load(source("7", "value")),
+            "first start"
+        );
     }
 
     #[test]
@@ -467,9 +530,18 @@ mod tests {
         let cases = [
             (PushState::Connecting, "Connecting"),
             (PushState::Connected, "ClusterConnected"),
-            (PushState::KubeconfigMissing(String::new()), "KubeconfigMissing"),
-            (PushState::KubeconfigInvalid(String::new()), "KubeconfigInvalid"),
-            (PushState::ExecNotAllowed(String::new()), "KubeconfigExecNotAllowed"),
+            (
+                PushState::KubeconfigMissing(String::new()),
+                "KubeconfigMissing",
+            ),
+            (
+                PushState::KubeconfigInvalid(String::new()),
+                "KubeconfigInvalid",
+            ),
+            (
+                PushState::ExecNotAllowed(String::new()),
+                "KubeconfigExecNotAllowed",
+            ),
             (PushState::Refused(String::new()), "KubeconfigRefused"),
             (PushState::Unreachable(String::new()), "ClusterUnreachable"),
         ];
