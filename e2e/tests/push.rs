@@ -529,3 +529,85 @@ async fn a_hung_cluster_does_not_slow_another() {
     connection(&ws, "hung", "ClusterUnreachable").await;
     holder.abort();
 }
+
+/// Resident memory of this process in bytes (Linux).
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// Rough scale figure for docs/benchmarks.md: N push Clusters (`TENDER_PUSH_SCALE`, default
+/// 50), all reaching downstream-1, connected and idle; tasks and memory per push cluster.
+/// Run alone: `cargo test -p tender-e2e --test push -- --ignored --nocapture push_scale`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check; run alone"]
+async fn push_scale() {
+    let n: usize = std::env::var("TENDER_PUSH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let env = shared_env(2).await;
+    let ws = Workspace::without_hub(env, "push-scale").await;
+    let mut config = hub_config(&ws.ns);
+    config.push.heartbeat_interval = Duration::from_secs(30);
+    let _hub = start_hub(env, config).await.unwrap();
+    let downstream = downstream_name(1);
+    kubeconfig_secret(
+        &ws,
+        "scale-kubeconfig",
+        &env.kubeconfig_as(&downstream, ADMIN_USER),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let runtime = tokio::runtime::Handle::current().metrics();
+    let (tasks0, rss0) = (runtime.num_alive_tasks(), rss_bytes());
+
+    let started = Instant::now();
+    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    for i in 0..n {
+        let cluster: Cluster = serde_json::from_value(json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": format!("c{i:04}")},
+            "spec": {"kubeconfigSecretRef": {"name": "scale-kubeconfig"}}
+        }))
+        .unwrap();
+        clusters
+            .create(&PostParams::default(), &cluster)
+            .await
+            .unwrap();
+    }
+    eventually(
+        &format!("{n} push clusters connected and heartbeating"),
+        Duration::from_secs(600),
+        || async {
+            let list = clusters.list(&Default::default()).await?;
+            let up = list
+                .items
+                .iter()
+                .filter(|c| {
+                    c.status.as_ref().is_some_and(|s| {
+                        tender_types::conditions::is_true(&s.conditions, TYPE_CLUSTER_CONNECTED)
+                            && tender_types::conditions::is_true(&s.conditions, "AgentConnected")
+                    })
+                })
+                .count();
+            Ok::<_, kube::Error>((up == n).then_some(()))
+        },
+    )
+    .await;
+    let connected = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let (tasks1, rss1) = (runtime.num_alive_tasks(), rss_bytes());
+    println!(
+        "PUSH-SCALE n={n} connected_in={connected:?} tasks {tasks0}->{tasks1} ({:.1}/cluster) rss {:.1}->{:.1} MiB ({:.2} MiB/cluster)",
+        (tasks1 as f64 - tasks0 as f64) / n as f64,
+        rss0 as f64 / 1048576.0,
+        rss1 as f64 / 1048576.0,
+        (rss1 as f64 - rss0 as f64) / 1048576.0 / n as f64,
+    );
+}
