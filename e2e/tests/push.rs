@@ -172,11 +172,36 @@ async fn password_is(down: &kube::Client, ns: &str, value: &str, what: &str) {
     .await;
 }
 
+/// Every log line of this test binary (tender and kube at debug), for the leak search.
+fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOGS: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        struct Sink;
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                captured_logs().lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("tender_hub=debug,tender_agent=debug,tender_runtime=debug,kube=debug")
+            .with_writer(|| Sink)
+            .with_ansi(false)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        std::sync::Mutex::new(Vec::new())
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // The scenarios.
 
 #[tokio::test]
 async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restricted_identity() {
+    captured_logs();
     let (ws, hub) = push_workspace("push-flow").await;
     let env = ws.env;
     let downstream = downstream_name(2);
@@ -323,6 +348,12 @@ async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restri
         seen += &serde_json::to_string(&e).unwrap();
     }
     seen += &hub.metrics.encode();
+    let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).to_string();
+    assert!(
+        logs.contains("push task started"),
+        "the log capture holds the hub's push log lines"
+    );
+    seen += &logs;
     use base64::Engine;
     let ca = base64::engine::general_purpose::STANDARD.encode(env.ca_pem());
     for user in ["alice", "bob", "carol"] {
