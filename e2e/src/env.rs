@@ -333,7 +333,8 @@ impl TestEnv {
         self.processes.lock().unwrap().push(p);
     }
 
-    fn token(&self, user: &str) -> &str {
+    /// The bearer token of `user` (admin or one of [`RESTRICTED_USERS`]).
+    pub fn token(&self, user: &str) -> &str {
         self.tokens
             .iter()
             .find(|(u, _)| u == user)

@@ -167,8 +167,11 @@ pub async fn start_hub(env: &TestEnv, config: HubConfig) -> Result<HubHandle> {
 /// to go through a proxy) and returns at once, without waiting for it to be ready or to lead.
 pub async fn spawn_hub(kubeconfig: &str, config: HubConfig) -> Result<HubHandle> {
     let mut metrics = Metrics::new();
-    let hub_metrics = HubMetrics::register(&mut metrics);
-    let metrics = Arc::new(metrics);
+    let mut hub_metrics = HubMetrics::register(&mut metrics);
+    // Like the binary: push clusters' in-hub agents count into the hub's registry.
+    let push_metrics = tender_agent::AgentMetrics::register(metrics);
+    let metrics = push_metrics.shared();
+    hub_metrics.push = Some(push_metrics);
     let kubeconfig = Kubeconfig::from_yaml(kubeconfig)?;
     let kconfig =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;

@@ -122,7 +122,7 @@ pub async fn register(
         name,
         ClusterSpec {
             agent_namespace: Some(agent_namespace.to_string()),
-            paused: false,
+            ..ClusterSpec::default()
         },
     );
     cluster.metadata.labels = Some(cluster_labels.clone());

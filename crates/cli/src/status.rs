@@ -84,6 +84,8 @@ pub struct BundleRow {
 pub struct ClusterRow {
     /// Cluster name.
     pub name: String,
+    /// `Pull` (an agent) or `Push` (the hub reaches the cluster by kubeconfig).
+    pub mode: String,
     /// One-word state (WaitingForAgent, Ready, Offline, …).
     pub state: String,
     /// Ready BundleDeployments out of all, e.g. `3/4`.
@@ -158,8 +160,11 @@ pub fn workspace_report(
         .map(|c| {
             let status = c.status.clone().unwrap_or_default();
             let display = status.display.unwrap_or_default();
+            // The spec decides the mode; the status says so once the hub has seen it.
+            let mode = status.mode.unwrap_or_else(|| c.spec.mode());
             ClusterRow {
                 name: c.name_any(),
+                mode: mode.to_string(),
                 state: display.state,
                 bundles_ready: display.ready_bundles,
                 namespace: status.namespace.unwrap_or_default(),
@@ -262,6 +267,7 @@ pub fn render_workspace_table(report: &WorkspaceReport) -> String {
         .map(|c| {
             vec![
                 c.name.clone(),
+                c.mode.clone(),
                 c.state.clone(),
                 c.bundles_ready.clone(),
                 c.namespace.clone(),
@@ -275,7 +281,7 @@ pub fn render_workspace_table(report: &WorkspaceReport) -> String {
             &bundles
         ),
         table(
-            &["CLUSTER", "STATE", "BUNDLES-READY", "NAMESPACE"],
+            &["CLUSTER", "MODE", "STATE", "BUNDLES-READY", "NAMESPACE"],
             &clusters
         )
     )
@@ -494,8 +500,8 @@ mod tests {
                 "alpha    2/2              True      Ready",
                 "zeta     0/1              Unknown",
                 "",
-                "CLUSTER   STATE   BUNDLES-READY   NAMESPACE",
-                "east      Ready   1/1             ws-east",
+                "CLUSTER   MODE   STATE   BUNDLES-READY   NAMESPACE",
+                "east      Pull   Ready   1/1             ws-east",
             ]
         );
         // The compatibility entry point renders the same table.
@@ -565,6 +571,51 @@ mod tests {
         assert_eq!(
             render(&report, Output::Table, render_bundle_table).unwrap(),
             render_bundle_table(&report)
+        );
+    }
+
+    #[test]
+    fn clusters_show_their_mode_and_state() {
+        use tender_types::{ClusterMode, ClusterSpec, KubeconfigSecretRef};
+        let pull = cluster("east", "Ready");
+        let mut push = Cluster::new(
+            "edge",
+            ClusterSpec {
+                kubeconfig_secret_ref: Some(KubeconfigSecretRef {
+                    name: "edge-kubeconfig".into(),
+                    key: None,
+                }),
+                ..Default::default()
+            },
+        );
+        push.status = Some(ClusterStatus {
+            mode: Some(ClusterMode::Push),
+            display: Some(ClusterDisplay {
+                ready_bundles: "0/1".into(),
+                state: "KubeconfigExecNotAllowed".into(),
+            }),
+            ..Default::default()
+        });
+        // Not reported yet: the spec decides.
+        let mut unreported = push.clone();
+        unreported.metadata.name = Some("fresh".into());
+        unreported.status = None;
+        let report = workspace_report("ws", &[], &[pull, push, unreported]);
+        let modes: Vec<(&str, &str)> = report
+            .clusters
+            .iter()
+            .map(|c| (c.name.as_str(), c.mode.as_str()))
+            .collect();
+        assert_eq!(
+            modes,
+            [("east", "Pull"), ("edge", "Push"), ("fresh", "Push")]
+        );
+        let text = render_workspace_table(&report);
+        assert!(
+            text.lines().any(|l| l.starts_with("edge")
+                && l.contains(" Push ")
+                && l.contains("KubeconfigExecNotAllowed")),
+            "{text}"
         );
     }
 }

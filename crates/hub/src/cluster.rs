@@ -18,14 +18,17 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::Value;
 use tender_runtime::executor::{Apply, ObjectKey, Op, body_of};
-use tender_types::conditions::{self, TYPE_AGENT_CONNECTED, TYPE_READY, reason};
+use tender_types::conditions::{
+    self, TYPE_AGENT_CONNECTED, TYPE_CLUSTER_CONNECTED, TYPE_READY, reason,
+};
 use tender_types::{
-    API_GROUP, BundleDeployment, BundleSummary, Cluster, ClusterDisplay, ClusterStatus, hash,
-    labels, names,
+    API_GROUP, BundleDeployment, BundleSummary, Cluster, ClusterDisplay, ClusterMode,
+    ClusterStatus, hash, labels, names,
 };
 
 use crate::bundle::status::{summarize, summary_reason};
 use crate::context::{Ctx, status_op};
+use crate::push::PushState;
 use crate::{Error, kube_err};
 
 const CONTROLLER: &str = "cluster";
@@ -179,7 +182,9 @@ pub fn last_heartbeat(cluster: &Cluster, lease_renewed: Option<Timestamp>) -> Op
 
 /// The Cluster status the hub writes (everything but `agent`, which is the agent's), starting
 /// from `existing` so an unchanged result compares equal; and when to look again because the
-/// heartbeat will expire.
+/// heartbeat will expire. `push` is the hub's connection to a push cluster (`None`: pull mode):
+/// it sets `ClusterConnected`, and a push cluster the hub cannot reach is not Ready for that
+/// reason, whatever the heartbeat of its in-hub agent says.
 #[allow(clippy::too_many_arguments)]
 pub fn cluster_status(
     existing: Option<&ClusterStatus>,
@@ -187,6 +192,7 @@ pub fn cluster_status(
     heartbeat: Option<Timestamp>,
     summary: BundleSummary,
     paused: bool,
+    push: Option<&PushState>,
     generation: Option<i64>,
     now: Timestamp,
     offline_after: Duration,
@@ -194,8 +200,19 @@ pub fn cluster_status(
     let mut status = existing.cloned().unwrap_or_default();
     status.observed_generation = generation;
     status.namespace = Some(namespace.to_string());
+    status.mode = Some(if push.is_some() {
+        ClusterMode::Push
+    } else {
+        ClusterMode::Pull
+    });
     let offline_ms = i64::try_from(offline_after.as_millis()).unwrap_or(i64::MAX);
     let (connected, agent_reason, agent_message, recheck) = match heartbeat {
+        None if push.is_some() => (
+            false,
+            reason::WAITING_FOR_AGENT,
+            "the hub's agent for this push cluster has not reported in yet".to_string(),
+            None,
+        ),
         None => (
             false,
             reason::WAITING_FOR_AGENT,
@@ -223,6 +240,22 @@ pub fn cluster_status(
         }
     };
     let now = Time(now);
+    match push {
+        Some(state) => {
+            conditions::set_condition(
+                &mut status.conditions,
+                TYPE_CLUSTER_CONNECTED,
+                state.is_connected(),
+                state.reason(),
+                &state.message(),
+                generation,
+                now.clone(),
+            );
+        }
+        None => status
+            .conditions
+            .retain(|c| c.type_ != TYPE_CLUSTER_CONNECTED),
+    }
     conditions::set_condition(
         &mut status.conditions,
         TYPE_AGENT_CONNECTED,
@@ -233,7 +266,10 @@ pub fn cluster_status(
         now.clone(),
     );
     let ready_bundles = format!("{}/{}", summary.ready, summary.desired_ready);
-    let (ready, ready_reason, message, state) = if !connected {
+    let unreachable = push.filter(|p| !p.is_connected());
+    let (ready, ready_reason, message, state) = if let Some(p) = unreachable {
+        (false, p.reason(), p.message(), p.reason())
+    } else if !connected {
         let state = if heartbeat.is_none() {
             "WaitingForAgent"
         } else {
@@ -317,11 +353,13 @@ pub(crate) fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<Ctx>) 
     Action::requeue(Duration::from_secs(5))
 }
 
-/// One object of [`agent_access`] to apply, annotated with the hash of its content.
+/// One object of [`agent_access`], annotated with the hash of its content; `wanted: false`
+/// means it must not exist (an agent RoleBinding of a push cluster).
 struct Provisioned {
     key: ObjectKey,
     body: Value,
     hash: String,
+    wanted: bool,
 }
 
 fn provisioned<K>(mut obj: K) -> Provisioned
@@ -341,36 +379,49 @@ where
         ),
         body: body_of(&obj),
         hash,
+        wanted: true,
     }
 }
 
-/// Every object of the agent's access, in creation order (namespace first).
-fn access_objects(access: AgentAccess) -> Vec<Provisioned> {
+/// Every object of the agent's access, in creation order (namespace first). In push mode the
+/// two RoleBindings are unwanted: a pull agent still running downstream then gets 403 on
+/// everything and, by design, deletes nothing — it cannot fight the hub's own agent.
+fn access_objects(access: AgentAccess, mode: ClusterMode) -> Vec<Provisioned> {
+    let binding = |b: RoleBinding| Provisioned {
+        wanted: mode == ClusterMode::Pull,
+        ..provisioned(b)
+    };
     vec![
         provisioned(access.namespace),
         provisioned(access.service_account),
         provisioned(access.token),
         provisioned(access.role),
-        provisioned(access.role_binding),
+        binding(access.role_binding),
         provisioned(access.workspace_role),
-        provisioned(access.workspace_role_binding),
+        binding(access.workspace_role_binding),
     ]
 }
 
-/// Applies for the objects whose live content hash (`live[i]`, `None` when absent) differs
-/// from the desired one. Pure.
+/// Applies for the wanted objects whose live content hash (`live[i]`: `None` when absent,
+/// empty when present without one) differs from the desired one; deletes for the unwanted
+/// objects that exist. Pure.
 fn provision_ops(objects: Vec<Provisioned>, live: &[Option<String>]) -> Vec<Op> {
     objects
         .into_iter()
         .zip(live)
-        .filter(|(o, live)| live.as_deref() != Some(o.hash.as_str()))
-        .map(|(o, _)| {
-            Op::Apply(Apply {
+        .filter_map(|(o, live)| match (o.wanted, live) {
+            (true, live) if live.as_deref() == Some(o.hash.as_str()) => None,
+            (true, _) => Some(Op::Apply(Apply {
                 key: o.key,
                 body: o.body,
                 replace_if_immutable: false,
                 fingerprint: None,
-            })
+            })),
+            (false, Some(_)) => Some(Op::Delete {
+                key: o.key,
+                uid: None,
+            }),
+            (false, None) => None,
         })
         .collect()
 }
@@ -424,17 +475,19 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
     let uid = cluster.uid().unwrap_or_default();
     let ns_name = names::cluster_namespace(&workspace, &name);
     let key = (workspace.clone(), name.clone());
+    let mode = cluster.spec.mode();
+    let done = (uid.clone(), mode);
     let ns_cached = ctx
         .stores
         .namespaces
         .get(&ObjectRef::new(&ns_name))
         .is_some();
-    if ns_cached && ctx.provisioned.lock().expect("lock").get(&key) == Some(&uid) {
+    if ns_cached && ctx.provisioned.lock().expect("lock").get(&key) == Some(&done) {
         return Ok(());
     }
     // Observe: each object's content-hash annotation (one metadata read per object, once per
-    // Cluster per process).
-    let objects = access_objects(agent_access(&workspace, &name));
+    // Cluster and mode per process).
+    let objects = access_objects(agent_access(&workspace, &name), mode);
     let mut live = Vec::with_capacity(objects.len());
     for o in &objects {
         let api: Api<DynamicObject> = match &o.key.namespace {
@@ -445,19 +498,32 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
             .get_metadata_opt(&o.key.name)
             .await
             .map_err(kube_err(format!("read {}", o.key)))?;
-        live.push(meta.and_then(|m| m.annotations().get(labels::CONTENT_HASH).cloned()));
+        live.push(meta.map(|m| {
+            m.annotations()
+                .get(labels::CONTENT_HASH)
+                .cloned()
+                .unwrap_or_default()
+        }));
     }
     let ops = provision_ops(objects, &live);
     let wrote = !ops.is_empty();
     ctx.exec.execute_in_order(ops).await?;
-    ctx.provisioned.lock().expect("lock").insert(key, uid);
+    ctx.provisioned.lock().expect("lock").insert(key, done);
     if wrote {
+        let note = match mode {
+            ClusterMode::Pull => format!(
+                "namespace {ns_name} with the agent's ServiceAccount, token Secret and RBAC"
+            ),
+            ClusterMode::Push => format!(
+                "namespace {ns_name} for push mode; the pull agent's RoleBindings are removed"
+            ),
+        };
         ctx.event(
             &cluster.object_ref(&()),
             EventType::Normal,
             "Provisioned",
             "Provision",
-            format!("namespace {ns_name} with the agent's ServiceAccount, token Secret and RBAC"),
+            note,
         )
         .await;
     }
@@ -481,6 +547,16 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let latest = ctx.stores.clusters.get(&ObjectRef::from_obj(cluster));
     let cluster: &Cluster = latest.as_deref().unwrap_or(cluster);
 
+    // Push mode: the kubeconfig Secret's metadata from the source cache; its content is read
+    // only when its resourceVersion moved.
+    let secret_version = cluster.spec.kubeconfig_secret_ref.as_ref().and_then(|r| {
+        ctx.stores
+            .source_secrets
+            .get(&ObjectRef::new(&r.name).within(&workspace))
+            .map(|s| s.resource_version().unwrap_or_default())
+    });
+    let push = ctx.push.ensure(cluster, secret_version.as_deref()).await?;
+
     let lease = ctx
         .stores
         .leases
@@ -499,6 +575,7 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         heartbeat,
         summary,
         cluster.spec.paused,
+        push.as_ref(),
         cluster.metadata.generation,
         Timestamp::now(),
         ctx.config.agent_offline_after,
@@ -525,6 +602,7 @@ async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let ns_name = names::cluster_namespace(&workspace, &name);
+    ctx.push.stop(&ObjectRef::from_obj(cluster));
     ctx.provisioned
         .lock()
         .expect("lock")
@@ -614,6 +692,7 @@ mod tests {
             None,
             summary(0, 0),
             false,
+            None,
             Some(1),
             at(100),
             after,
@@ -628,6 +707,7 @@ mod tests {
             Some(at(100)),
             summary(2, 2),
             false,
+            None,
             Some(1),
             at(130),
             after,
@@ -645,6 +725,7 @@ mod tests {
             Some(at(120)),
             summary(2, 2),
             false,
+            None,
             Some(1),
             at(140),
             after,
@@ -657,6 +738,7 @@ mod tests {
             Some(at(100)),
             summary(2, 2),
             false,
+            None,
             Some(1),
             at(200),
             after,
@@ -672,6 +754,7 @@ mod tests {
             Some(at(100)),
             summary(2, 1),
             false,
+            None,
             Some(1),
             at(110),
             after,
@@ -689,6 +772,7 @@ mod tests {
                 None,
                 summary(desired, 0),
                 false,
+                None,
                 Some(1),
                 at(now),
                 Duration::from_secs(90),
@@ -714,5 +798,128 @@ mod tests {
         });
         assert_eq!(last_heartbeat(&c, Some(at(5))), Some(at(9)));
         assert_eq!(last_heartbeat(&c, Some(at(12))), Some(at(12)));
+    }
+
+    fn kinds(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Apply(a) => format!("apply {}", a.key),
+                Op::Delete { key, .. } => format!("delete {key}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn push_mode_removes_the_agent_bindings_and_pull_restores_them() {
+        let hashes = |objects: &[Provisioned]| -> Vec<Option<String>> {
+            objects.iter().map(|o| Some(o.hash.clone())).collect()
+        };
+        // Everything provisioned for pull: nothing changed → no operations.
+        let pull = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
+        let live = hashes(&pull);
+        assert!(provision_ops(pull, &live).is_empty(), "nothing changed");
+
+        // Switched to push: exactly the two RoleBindings go, nothing else is written.
+        let push = access_objects(agent_access("ws", "east"), ClusterMode::Push);
+        let ops = kinds(&provision_ops(push, &live));
+        assert_eq!(ops.len(), 2, "{ops:?}");
+        assert!(
+            ops.iter()
+                .all(|o| o.starts_with("delete ") && o.contains("RoleBinding ")),
+            "{ops:?}"
+        );
+
+        // Push, bindings already gone: no operations.
+        let push = access_objects(agent_access("ws", "east"), ClusterMode::Push);
+        let gone: Vec<Option<String>> = push
+            .iter()
+            .map(|o| o.wanted.then(|| o.hash.clone()))
+            .collect();
+        assert!(provision_ops(push, &gone).is_empty());
+
+        // Back to pull: the two bindings are applied again.
+        let pull = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
+        let ops = kinds(&provision_ops(pull, &gone));
+        assert_eq!(ops.len(), 2, "{ops:?}");
+        assert!(
+            ops.iter()
+                .all(|o| o.starts_with("apply ") && o.contains("RoleBinding ")),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn push_state_drives_cluster_connected_ready_and_mode() {
+        let after = Duration::from_secs(90);
+        let status = |existing: Option<&ClusterStatus>, push: Option<&PushState>, heartbeat| {
+            cluster_status(
+                existing,
+                "ns",
+                heartbeat,
+                summary(1, 1),
+                false,
+                push,
+                Some(1),
+                at(100),
+                after,
+            )
+            .0
+        };
+        let unreachable = PushState::Unreachable("no answer".into());
+        let down = status(None, Some(&unreachable), Some(at(99)));
+        assert_eq!(down.mode, Some(ClusterMode::Push));
+        let connected =
+            conditions::find_condition(&down.conditions, TYPE_CLUSTER_CONNECTED).unwrap();
+        assert_eq!(
+            (connected.status.as_str(), connected.reason.as_str()),
+            ("False", "ClusterUnreachable")
+        );
+        let ready = conditions::find_condition(&down.conditions, TYPE_READY).unwrap();
+        assert_eq!(
+            ready.reason, "ClusterUnreachable",
+            "unreachable wins over a fresh heartbeat"
+        );
+        assert_eq!(down.display.as_ref().unwrap().state, "ClusterUnreachable");
+
+        for (state, reason) in [
+            (
+                PushState::KubeconfigMissing("x".into()),
+                "KubeconfigMissing",
+            ),
+            (
+                PushState::KubeconfigInvalid("x".into()),
+                "KubeconfigInvalid",
+            ),
+            (
+                PushState::ExecNotAllowed("x".into()),
+                "KubeconfigExecNotAllowed",
+            ),
+            (PushState::Refused("x".into()), "KubeconfigRefused"),
+        ] {
+            let s = status(None, Some(&state), None);
+            assert_eq!(
+                conditions::find_condition(&s.conditions, TYPE_READY)
+                    .unwrap()
+                    .reason,
+                reason
+            );
+        }
+
+        let up = status(Some(&down), Some(&PushState::Connected), Some(at(99)));
+        assert!(conditions::is_true(&up.conditions, TYPE_CLUSTER_CONNECTED));
+        assert!(conditions::is_true(&up.conditions, TYPE_READY));
+        assert_eq!(up.display.as_ref().unwrap().state, "Ready");
+        assert_eq!(
+            status(Some(&up), Some(&PushState::Connected), Some(at(99))),
+            up,
+            "nothing changed"
+        );
+
+        // Back to pull: the push condition goes, the mode says Pull.
+        let pulled = status(Some(&up), None, Some(at(99)));
+        assert_eq!(pulled.mode, Some(ClusterMode::Pull));
+        assert!(conditions::find_condition(&pulled.conditions, TYPE_CLUSTER_CONNECTED).is_none());
+        assert!(conditions::is_true(&pulled.conditions, TYPE_READY));
     }
 }

@@ -82,8 +82,11 @@ pub(crate) struct Ctx {
     pub sources: SourceIndex,
     /// Content hash of a source at a resourceVersion, so an unchanged source is not re-read.
     pub source_hashes: Mutex<HashMap<SourceId, (String, String)>>,
-    /// Clusters (workspace, name) whose namespace and RBAC this process has verified, by uid.
-    pub provisioned: Mutex<HashMap<(String, String), String>>,
+    /// Clusters (workspace, name) whose namespace and RBAC this process has verified, by uid
+    /// and mode.
+    pub provisioned: Mutex<HashMap<(String, String), (String, tender_types::ClusterMode)>>,
+    /// Push mode: one task per Cluster with a kubeconfig Secret.
+    pub push: crate::push::Push,
     /// BundleDeployment names by cluster namespace, kept by the BundleDeployment feed, so a
     /// Cluster's summary reads its own few objects instead of scanning them all.
     pub bd_names: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,

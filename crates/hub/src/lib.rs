@@ -10,6 +10,8 @@
 //! - [`group`]: ClusterGroup counts.
 //! - [`bundle`]: targeting, BundleDeployments, copies, Bundle status.
 //! - [`sources`]: the index from source Secrets/ConfigMaps to the Bundles that copy them.
+//! - [`push`]: push mode — the agent library run by the hub for Clusters with a kubeconfig
+//!   Secret, one task per cluster.
 
 #![warn(missing_docs)]
 
@@ -18,6 +20,7 @@ mod caches;
 pub mod cluster;
 mod context;
 pub mod group;
+pub mod push;
 pub mod sources;
 mod triggers;
 mod watch;
@@ -52,6 +55,8 @@ pub struct HubConfig {
     pub agent_offline_after: Duration,
     /// Reporting instance on Kubernetes Events (the pod name).
     pub instance: String,
+    /// Push mode (Clusters with `spec.kubeconfigSecretRef`).
+    pub push: push::PushConfig,
 }
 
 impl Default for HubConfig {
@@ -62,6 +67,7 @@ impl Default for HubConfig {
             leader_election: None,
             agent_offline_after: DEFAULT_AGENT_OFFLINE_AFTER,
             instance: "tender-hub".to_string(),
+            push: push::PushConfig::default(),
         }
     }
 }
@@ -103,6 +109,9 @@ pub struct HubMetrics {
     pub status_writes: Family<KindLabels, Counter>,
     /// Time a Bundle reconcile spent writing BundleDeployments and copies, when it wrote any.
     pub fanout_duration: Histogram,
+    /// The agent families of the push clusters' in-hub agents. The binary registers them into
+    /// the hub's own registry (see `main.rs`); unset, they go to a private registry.
+    pub push: Option<tender_agent::AgentMetrics>,
 }
 
 impl HubMetrics {
@@ -117,6 +126,7 @@ impl HubMetrics {
             bundle_deployments_deleted: Counter::default(),
             status_writes: Family::default(),
             fanout_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            push: None,
         };
         let r = metrics
             .registry_mut()

@@ -2,7 +2,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
@@ -48,6 +47,14 @@ struct Args {
     /// Seconds without an agent heartbeat before a Cluster is reported offline.
     #[arg(long, env = "TENDER_AGENT_OFFLINE_AFTER_SECONDS", default_value_t = 90)]
     agent_offline_after_seconds: u64,
+    /// Accept push-mode kubeconfigs with an exec plugin or auth-provider. Such a kubeconfig
+    /// runs a command inside the hub pod, with the hub's credentials, chosen by whoever can
+    /// write the Secret; see docs/push-mode.md.
+    #[arg(long, env = "TENDER_ALLOW_KUBECONFIG_EXEC", default_value_t = false)]
+    allow_kubeconfig_exec: bool,
+    /// Seconds between two probes of each push cluster.
+    #[arg(long, env = "TENDER_PUSH_PROBE_SECONDS", default_value_t = 30)]
+    push_probe_seconds: u64,
 }
 
 #[tokio::main]
@@ -64,12 +71,16 @@ async fn main() -> anyhow::Result<()> {
         copy_resources_downstream = copy,
         workspaces = ?args.workspace_namespaces,
         leader_election = args.leader_election,
+        allow_kubeconfig_exec = args.allow_kubeconfig_exec,
         "starting tender-hub"
     );
 
     let mut metrics = Metrics::new();
-    let hub_metrics = HubMetrics::register(&mut metrics);
-    let metrics = Arc::new(metrics);
+    let mut hub_metrics = HubMetrics::register(&mut metrics);
+    // The push clusters' in-hub agents count into the same registry, served on /metrics.
+    let push_metrics = tender_agent::AgentMetrics::register(metrics);
+    let metrics = push_metrics.shared();
+    hub_metrics.push = Some(push_metrics);
     let health = Health::new();
     let user_agent = format!("tender-hub/{}", env!("CARGO_PKG_VERSION"));
     let client = tender_runtime::client(
@@ -90,6 +101,11 @@ async fn main() -> anyhow::Result<()> {
         }),
         agent_offline_after: std::time::Duration::from_secs(args.agent_offline_after_seconds),
         instance: args.pod_name,
+        push: tender_hub::push::PushConfig {
+            allow_kubeconfig_exec: args.allow_kubeconfig_exec,
+            probe_interval: std::time::Duration::from_secs(args.push_probe_seconds.max(1)),
+            ..Default::default()
+        },
     };
     let server = tender_runtime::serve(args.metrics_addr, metrics.clone(), health.clone());
     tokio::select! {

@@ -366,11 +366,24 @@ fn copy_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) {
     }
 }
 
-/// Sources: through the index to the Bundles that copy them.
+/// Sources: through the index to the Bundles that copy them; a Secret named by a push
+/// Cluster's `kubeconfigSecretRef` wakes that Cluster (a rotated credential).
 fn source_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) {
     let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
         return;
     };
+    if kind == SourceKind::Secret {
+        for c in ctx.stores.clusters.state() {
+            if c.namespace().as_deref() == Some(ns.as_str())
+                && c.spec
+                    .kubeconfig_secret_ref
+                    .as_ref()
+                    .is_some_and(|r| r.name == name)
+            {
+                t.cluster(ObjectRef::from_obj(c.as_ref()));
+            }
+        }
+    }
     for (bns, bname) in ctx.sources.bundles_for(&(ns, kind, name)) {
         t.bundle(ObjectRef::new(&bname).within(&bns));
     }

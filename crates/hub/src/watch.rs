@@ -78,6 +78,16 @@ fn scope_controllers(
     BoxFuture<'static, ()>,
 ) {
     let (stores, events) = caches(&scope, &client);
+    // Push tasks report state changes here; the Cluster controller writes them to status.
+    let (push_tx, push_rx) = futures::channel::mpsc::unbounded();
+    let push = crate::push::Push::new(
+        client.clone(),
+        config.push.clone(),
+        config.copy_resources_downstream,
+        config.instance.clone(),
+        hub.push.clone(),
+        push_tx,
+    );
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -101,6 +111,7 @@ fn scope_controllers(
         sources: SourceIndex::default(),
         source_hashes: Mutex::default(),
         provisioned: Mutex::default(),
+        push,
         bd_names: Default::default(),
     });
     let (feeds, inputs) = feeds(&ctx, events);
@@ -118,7 +129,7 @@ fn scope_controllers(
             return;
         }
         tracing::info!(scope = %scope_name, "caches synced; starting controllers");
-        run(ctx, inputs).await;
+        run(ctx, inputs, push_rx).await;
     };
 
     let run = async move {
@@ -139,7 +150,13 @@ fn scope_controllers(
 }
 
 /// The three controllers, each driven by the shared cache of its kind (no watch of its own).
-async fn run(ctx: Arc<Ctx>, inputs: ControllerInputs) {
+async fn run(
+    ctx: Arc<Ctx>,
+    inputs: ControllerInputs,
+    push_states: futures::channel::mpsc::UnboundedReceiver<
+        kube::runtime::reflector::ObjectRef<tender_types::Cluster>,
+    >,
+) {
     let ControllerInputs {
         bundles,
         bundle,
@@ -152,6 +169,7 @@ async fn run(ctx: Arc<Ctx>, inputs: ControllerInputs) {
     let s = ctx.stores.clone();
     let cluster_controller = Controller::for_shared_stream(clusters, s.clusters)
         .reconcile_on(cluster)
+        .reconcile_on(push_states)
         .run(cluster::reconcile, cluster::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let group_controller = Controller::for_shared_stream(groups, s.groups)

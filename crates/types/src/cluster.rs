@@ -7,7 +7,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::bundle::BundleSummary;
 use crate::namespaces::DEFAULT_AGENT_NAMESPACE;
-use crate::schema::{DNS_LABEL_PATTERN, conditions_list_map};
+use crate::schema::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, conditions_list_map};
+
+/// Pattern of a key in a Secret's `data` (the apiserver's own rule).
+const SECRET_KEY_PATTERN: &str = "^[-._a-zA-Z0-9]+$";
+/// The key of the kubeconfig in its Secret when `kubeconfigSecretRef.key` is not set.
+pub const DEFAULT_KUBECONFIG_KEY: &str = "value";
 
 /// A downstream cluster; its labels are what Bundle targets and ClusterGroups select.
 // Printer columns repeat `type_ = ...` by design.
@@ -27,6 +32,12 @@ use crate::schema::{DNS_LABEL_PATTERN, conditions_list_map};
         type_ = "string",
         json_path = ".status.namespace",
         description = "The cluster's own namespace on the hub"
+    ),
+    printcolumn(
+        name = "Mode",
+        type_ = "string",
+        json_path = ".status.mode",
+        description = "Pull (an agent runs downstream) or Push (the hub reaches the cluster with a kubeconfig)"
     ),
     printcolumn(
         name = "State",
@@ -62,6 +73,50 @@ pub struct ClusterSpec {
     /// Stop deploying new or changed BundleDeployments to this cluster; what is deployed stays.
     #[serde(default)]
     pub paused: bool,
+
+    /// Push mode: the hub itself deploys to this cluster with the kubeconfig in this Secret
+    /// (in the Cluster's namespace); no agent runs downstream. Unset: pull mode (an agent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubeconfig_secret_ref: Option<KubeconfigSecretRef>,
+}
+
+/// A kubeconfig in a Secret of the Cluster's own namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeconfigSecretRef {
+    /// Name of the Secret (in the Cluster's namespace).
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub name: String,
+    /// Key of the kubeconfig in the Secret's data. Defaults to `value`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = SECRET_KEY_PATTERN))]
+    pub key: Option<String>,
+}
+
+impl KubeconfigSecretRef {
+    /// The key, with the default applied.
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(DEFAULT_KUBECONFIG_KEY)
+    }
+}
+
+/// How the hub reaches a cluster.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub enum ClusterMode {
+    /// An agent runs on the cluster and pulls from its cluster namespace on the hub.
+    #[default]
+    Pull,
+    /// The hub runs the agent library itself, reaching the cluster with a kubeconfig.
+    Push,
+}
+
+impl std::fmt::Display for ClusterMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Pull => "Pull",
+            Self::Push => "Push",
+        })
+    }
 }
 
 impl ClusterSpec {
@@ -70,6 +125,15 @@ impl ClusterSpec {
         self.agent_namespace
             .as_deref()
             .unwrap_or(DEFAULT_AGENT_NAMESPACE)
+    }
+
+    /// Push when a kubeconfig Secret is named, else pull.
+    pub fn mode(&self) -> ClusterMode {
+        if self.kubeconfig_secret_ref.is_some() {
+            ClusterMode::Push
+        } else {
+            ClusterMode::Pull
+        }
     }
 }
 
@@ -81,6 +145,10 @@ pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
+    /// `Pull` (an agent runs downstream) or `Push` (the hub deploys with a kubeconfig).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<ClusterMode>,
+
     /// The cluster's own namespace on the hub, holding its BundleDeployments and copies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
@@ -89,7 +157,7 @@ pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentStatus>,
 
-    /// Conditions: `Ready`, `AgentConnected`.
+    /// Conditions: `Ready`, `AgentConnected`, and `ClusterConnected` in push mode.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = conditions_list_map)]
     pub conditions: Vec<Condition>,

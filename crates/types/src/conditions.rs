@@ -14,6 +14,9 @@ pub const TYPE_RESOURCES_COPIED: &str = "ResourcesCopied";
 /// Condition type (Cluster): the agent has reported in recently.
 pub const TYPE_AGENT_CONNECTED: &str = "AgentConnected";
 
+/// Condition type (Cluster, push mode): the hub reaches the cluster with its kubeconfig.
+pub const TYPE_CLUSTER_CONNECTED: &str = "ClusterConnected";
+
 /// Condition reasons.
 pub mod reason {
     /// Everything is ready.
@@ -54,6 +57,20 @@ pub mod reason {
     pub const AGENT_OFFLINE: &str = "AgentOffline";
     /// The agent reports in.
     pub const AGENT_CONNECTED: &str = "AgentConnected";
+    /// Push mode: the hub reaches the cluster with its kubeconfig.
+    pub const CLUSTER_CONNECTED: &str = "ClusterConnected";
+    /// Push mode: the kubeconfig was read and the first probe of the cluster is under way.
+    pub const CONNECTING: &str = "Connecting";
+    /// Push mode: the kubeconfig Secret (or its key) does not exist.
+    pub const KUBECONFIG_MISSING: &str = "KubeconfigMissing";
+    /// Push mode: the kubeconfig cannot be parsed or is unusable (no current context, files).
+    pub const KUBECONFIG_INVALID: &str = "KubeconfigInvalid";
+    /// Push mode: the kubeconfig uses an exec plugin or auth-provider and the hub does not allow it.
+    pub const KUBECONFIG_EXEC_NOT_ALLOWED: &str = "KubeconfigExecNotAllowed";
+    /// Push mode: the downstream apiserver refuses the kubeconfig's identity (401/403).
+    pub const KUBECONFIG_REFUSED: &str = "KubeconfigRefused";
+    /// Push mode: the downstream apiserver does not answer in time.
+    pub const CLUSTER_UNREACHABLE: &str = "ClusterUnreachable";
 }
 
 /// The condition of `type_`, if present.

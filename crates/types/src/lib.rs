@@ -27,7 +27,10 @@ pub use bundle_deployment::{
     BundleDeployment, BundleDeploymentDisplay, BundleDeploymentOptions, BundleDeploymentSpec,
     BundleDeploymentStatus, CopiedResource, ObjectRef, ObjectState, ObjectStatus,
 };
-pub use cluster::{AgentStatus, Cluster, ClusterDisplay, ClusterSpec, ClusterStatus};
+pub use cluster::{
+    AgentStatus, Cluster, ClusterDisplay, ClusterMode, ClusterSpec, ClusterStatus,
+    KubeconfigSecretRef,
+};
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
