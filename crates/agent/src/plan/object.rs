@@ -231,7 +231,9 @@ pub fn extra_data_patch(desired: &Desired, live: &Value) -> Option<Value> {
 
 /// Creates namespace `name` downstream (marked managed by tender); only planned when absent.
 pub fn namespace_op(name: &str) -> Op {
-    Op::Apply(Apply {
+    // Created, never applied: the agent's identity needs only `create` on namespaces, and a
+    // namespace somebody else made is not the agent's to change.
+    Op::Create {
         key: ObjectKey::of::<Namespace>(None, name),
         body: json!({
             "apiVersion": "v1",
@@ -241,9 +243,7 @@ pub fn namespace_op(name: &str) -> Op {
                 "labels": { labels::MANAGED_BY: labels::MANAGED_BY_VALUE },
             },
         }),
-        replace_if_immutable: false,
-        fingerprint: None,
-    })
+    }
 }
 
 /// Whether an applied object is ready: `Ok` or `Err(why not)`.

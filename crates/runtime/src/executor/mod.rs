@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, Recorder};
 use kube::runtime::wait::{await_condition, conditions};
 use kube::{Client, ResourceExt};
@@ -93,6 +93,19 @@ impl Executor {
         match op {
             Op::Apply(apply) => self.apply(verb, apply, false).await,
             Op::ApplyStatus(apply) => self.apply(verb, apply, true).await,
+            Op::Create { key, body } => {
+                let object: DynamicObject = serde_json::from_value(body)
+                    .map_err(|e| ReconcileError::Config(format!("{key}: {e}")))?;
+                match self.api(&key).create(&PostParams::default(), &object).await {
+                    Ok(object) => {
+                        self.metrics.object_write(verb, key.kind());
+                        Ok(written(object))
+                    }
+                    // Already there: creating is all this operation promises.
+                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(Outcome::default()),
+                    Err(e) => Err(failed("create", &key, e)),
+                }
+            }
             Op::MergePatch { key, patch } => {
                 let result = self
                     .api(&key)
@@ -399,6 +412,31 @@ mod tests {
         assert!(!newer.wrote);
         assert!(seen.recv().await.expect("request").starts_with("DELETE "));
         assert_eq!(exec.metrics.object_writes("delete", "Secret"), 0);
+    }
+
+    #[tokio::test]
+    async fn create_leaves_an_existing_object_alone() {
+        let exists = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"AlreadyExists","code":409}"#;
+        let namespace =
+            r#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"apps","uid":"n1"}}"#;
+        let (client, mut seen) = canned(vec![(201, namespace), (409, exists)]).await;
+        let exec = executor(client);
+        let op = || Op::Create {
+            key: ObjectKey::of::<k8s_openapi::api::core::v1::Namespace>(None, "apps"),
+            body: serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "apps"}}),
+        };
+        let created = exec.execute(op()).await.expect("create");
+        assert!(created.wrote);
+        assert_eq!(created.uid.as_deref(), Some("n1"));
+        assert!(
+            seen.recv()
+                .await
+                .expect("request")
+                .starts_with("POST /api/v1/namespaces")
+        );
+        let again = exec.execute(op()).await.expect("409 is done");
+        assert!(!again.wrote);
+        assert_eq!(exec.metrics.object_writes("create", "Namespace"), 1);
     }
 
     #[tokio::test]

@@ -91,6 +91,15 @@ pub enum Op {
     /// Server-side apply to the status subresource: `body` holds `apiVersion`, `kind` and
     /// `status`.
     ApplyStatus(Apply),
+    /// Create the object unless it exists (an existing one is left as it is). Needs only the
+    /// `create` verb, where an apply needs `patch` too: for objects a narrow identity may make
+    /// but must not change, such as namespaces.
+    Create {
+        /// The object created.
+        key: ObjectKey,
+        /// The full object, `apiVersion`, `kind` and `metadata.name` included.
+        body: Value,
+    },
     /// JSON merge patch (e.g. removing keys another field manager added); an object already
     /// gone is left alone.
     MergePatch {
@@ -139,7 +148,9 @@ impl Op {
     pub fn key(&self) -> Option<&ObjectKey> {
         match self {
             Op::Apply(a) | Op::ApplyStatus(a) | Op::Recreate { apply: a, .. } => Some(&a.key),
-            Op::MergePatch { key, .. } | Op::Delete { key, .. } => Some(key),
+            Op::Create { key, .. } | Op::MergePatch { key, .. } | Op::Delete { key, .. } => {
+                Some(key)
+            }
             Op::Event(_) => None,
         }
     }
@@ -149,6 +160,7 @@ impl Op {
         match self {
             Op::Apply(_) => "apply",
             Op::ApplyStatus(_) => "status",
+            Op::Create { .. } => "create",
             Op::MergePatch { .. } => "patch",
             Op::Delete { .. } => "delete",
             Op::Recreate { .. } => "recreate",
