@@ -416,7 +416,8 @@ async fn the_readme_quick_start_works_on_real_clusters() {
             });
             let cluster_ready = text.lines().any(|l| {
                 let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() >= 2 && cols[0] == CLUSTER && cols[1] == "Ready"
+                // CLUSTER MODE STATE ...: a pulled cluster whose agent reports in.
+                cols.len() >= 3 && cols[0] == CLUSTER && cols[1] == "Pull" && cols[2] == "Ready"
             });
             Ok::<_, std::convert::Infallible>((ready && cluster_ready).then_some(text))
         },
