@@ -16,6 +16,7 @@ pub mod labels;
 pub mod names;
 pub mod namespaces;
 pub mod targeting;
+pub mod upstream;
 
 mod schema;
 
@@ -31,6 +32,7 @@ pub use cluster::{
     AgentStatus, Cluster, ClusterDisplay, ClusterMode, ClusterSpec, ClusterStatus,
     KubeconfigSecretRef,
 };
+pub use upstream::{UpstreamObjectStatus, UpstreamPublication, UpstreamResource, UpstreamState};
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
