@@ -681,11 +681,20 @@ mod tests {
             upstream_access("cns", "vpc", &["p1".to_string()], &[], &BTreeMap::new()).unwrap();
         let rules = role.rules.unwrap();
         assert_eq!(rules.len(), 1);
-        assert_eq!(rules[0].resources.as_deref(), Some(&["secrets".to_string()][..]));
-        assert_eq!(rules[0].resource_names.as_deref(), Some(&["p1".to_string()][..]));
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["secrets".to_string()][..])
+        );
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["p1".to_string()][..])
+        );
         assert_eq!(rules[0].verbs, ["get", "patch", "update"]);
         assert_eq!(binding.role_ref.name, "tender-agent-upstream-vpc");
-        assert_eq!(binding.subjects.unwrap()[0].namespace.as_deref(), Some("cns"));
+        assert_eq!(
+            binding.subjects.unwrap()[0].namespace.as_deref(),
+            Some("cns")
+        );
         assert!(upstream_access("cns", "vpc", &[], &[], &BTreeMap::new()).is_none());
     }
 

@@ -242,7 +242,10 @@ fn cluster_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Cluster>) -> BoxFutur
         let reachable = c.status.as_ref().map(|s| {
             (
                 is_true(&s.conditions, TYPE_AGENT_CONNECTED),
-                is_true(&s.conditions, tender_types::conditions::TYPE_CLUSTER_CONNECTED),
+                is_true(
+                    &s.conditions,
+                    tender_types::conditions::TYPE_CLUSTER_CONNECTED,
+                ),
             )
         });
         let keys = (

@@ -32,8 +32,8 @@ pub use cluster::{
     AgentStatus, Cluster, ClusterDisplay, ClusterMode, ClusterSpec, ClusterStatus,
     KubeconfigSecretRef,
 };
-pub use upstream::{UpstreamObjectStatus, UpstreamPublication, UpstreamResource, UpstreamState};
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
+pub use upstream::{UpstreamObjectStatus, UpstreamPublication, UpstreamResource, UpstreamState};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 

@@ -251,14 +251,21 @@ mod tests {
 
     #[test]
     fn upstream_names_are_readable_when_short_and_hashed_when_long() {
-        assert_eq!(upstream_name("vpc", "east-1", "peering"), "vpc-east-1-peering");
+        assert_eq!(
+            upstream_name("vpc", "east-1", "peering"),
+            "vpc-east-1-peering"
+        );
         assert_eq!(upstream_name("vpc", "east.1", "a.b"), "vpc-east.1-a.b");
         let long = "n".repeat(250);
         let a = upstream_name("vpc", "east", &format!("{long}a"));
         let b = upstream_name("vpc", "east", &format!("{long}b"));
         assert!(is_dns_subdomain(&a) && is_dns_subdomain(&b), "{a}");
         assert_ne!(a, b);
-        assert_eq!(a, upstream_name("vpc", "east", &format!("{long}a")), "stable");
+        assert_eq!(
+            a,
+            upstream_name("vpc", "east", &format!("{long}a")),
+            "stable"
+        );
         let p = upstream_placeholder("vpc", "Secret", "ns", "peering");
         assert!(p.starts_with("vpc-upstream-secret-peering-"), "{p}");
         assert_ne!(p, upstream_placeholder("vpc", "Secret", "other", "peering"));

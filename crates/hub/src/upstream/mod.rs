@@ -14,9 +14,9 @@ use std::sync::Mutex;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
-use kube::ResourceExt;
 use tender_runtime::executor::{Apply, Fingerprint, ObjectKey, Op, body_of};
 use tender_types::conditions::{TYPE_AGENT_CONNECTED, TYPE_CLUSTER_CONNECTED, find_condition};
 use tender_types::{
@@ -124,8 +124,15 @@ pub(crate) async fn reconcile(
             } else {
                 None
             };
-            let (line, ops) =
-                plan::publication(&bundle_ns, cluster, e, observed, verdict.as_ref(), live.as_ref(), &reach);
+            let (line, ops) = plan::publication(
+                &bundle_ns,
+                cluster,
+                e,
+                observed,
+                verdict.as_ref(),
+                live.as_ref(),
+                &reach,
+            );
             if !ops.is_empty() {
                 tracing::info!(bundle = %name, namespace = %bundle_ns, %cluster, published = %e.published, state = %line.state, "upstream publication changed");
             }
@@ -136,7 +143,9 @@ pub(crate) async fn reconcile(
     // Publications of untargeted clusters and removed entries.
     let stale: Vec<Op> = published
         .into_iter()
-        .filter(|(kind, meta)| !wanted_published.contains(&(*kind, meta.name.clone().unwrap_or_default())))
+        .filter(|(kind, meta)| {
+            !wanted_published.contains(&(*kind, meta.name.clone().unwrap_or_default()))
+        })
         .map(|(kind, meta)| Op::Delete {
             key: key(kind, &bundle_ns, meta.name.as_deref().unwrap_or_default()),
             uid: meta.uid.clone(),
@@ -144,13 +153,22 @@ pub(crate) async fn reconcile(
         .collect();
     ctx.exec.execute_in_order(stale).await?;
     lines.sort_by(|a, b| {
-        (&a.cluster, &a.kind, &a.namespace, &a.name).cmp(&(&b.cluster, &b.kind, &b.namespace, &b.name))
+        (&a.cluster, &a.kind, &a.namespace, &a.name).cmp(&(
+            &b.cluster,
+            &b.kind,
+            &b.namespace,
+            &b.name,
+        ))
     });
     Ok(Some(lines))
 }
 
 /// Sets `status.upstream` and the `UpstreamPublished` condition (removed with the last line).
-pub(crate) fn set_status(status: &mut BundleStatus, lines: Vec<UpstreamPublication>, generation: Option<i64>) {
+pub(crate) fn set_status(
+    status: &mut BundleStatus,
+    lines: Vec<UpstreamPublication>,
+    generation: Option<i64>,
+) {
     if lines.is_empty() {
         status
             .conditions
@@ -171,7 +189,10 @@ pub(crate) fn set_status(status: &mut BundleStatus, lines: Vec<UpstreamPublicati
 }
 
 fn had_lines(bundle: &Bundle) -> bool {
-    bundle.status.as_ref().is_some_and(|s| !s.upstream.is_empty())
+    bundle
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.upstream.is_empty())
 }
 
 fn key(kind: SourceKind, ns: &str, name: &str) -> ObjectKey {
@@ -247,8 +268,10 @@ fn published_of(ctx: &Ctx, ns: &str, bundle: &str) -> Vec<(SourceKind, ObjectMet
 
 /// Placeholders of this Bundle in `cns` that no entry wants any more.
 fn stale_placeholders(ctx: &Ctx, cns: &str, bundle: &str, entries: &[Entry]) -> Vec<Op> {
-    let wanted: BTreeSet<(SourceKind, &str)> =
-        entries.iter().map(|e| (e.kind, e.placeholder.as_str())).collect();
+    let wanted: BTreeSet<(SourceKind, &str)> = entries
+        .iter()
+        .map(|e| (e.kind, e.placeholder.as_str()))
+        .collect();
     let secrets = ctx.stores.copy_secrets.state();
     let cms = ctx.stores.copy_config_maps.state();
     secrets
@@ -326,9 +349,15 @@ async fn write_access(
                     fingerprint: None::<Fingerprint>,
                 })
             };
-            let mut ops = vec![apply(ObjectKey::of::<Role>(Some(cns), &role_name), body_of(&role))];
+            let mut ops = vec![apply(
+                ObjectKey::of::<Role>(Some(cns), &role_name),
+                body_of(&role),
+            )];
             ops.push(if pull {
-                apply(ObjectKey::of::<RoleBinding>(Some(cns), &role_name), body_of(&binding))
+                apply(
+                    ObjectKey::of::<RoleBinding>(Some(cns), &role_name),
+                    body_of(&binding),
+                )
             } else {
                 Op::Delete {
                     key: ObjectKey::of::<RoleBinding>(Some(cns), &role_name),
@@ -339,16 +368,27 @@ async fn write_access(
         }
     };
     ctx.exec.execute_in_order(ops).await?;
-    ctx.upstream.access.lock().expect("memo").insert(memo_key, desired);
+    ctx.upstream
+        .access
+        .lock()
+        .expect("memo")
+        .insert(memo_key, desired);
     Ok(())
 }
 
 /// Whether the cluster's agent (or, in push mode, the cluster) is reachable; since when not.
 fn reach(ctx: &Ctx, cluster: Option<&Cluster>, cns: &str) -> Reach {
     let Some(c) = cluster else {
-        return Reach { online: true, since: None };
+        return Reach {
+            online: true,
+            since: None,
+        };
     };
-    let conds = c.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let conds = c
+        .status
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
     let down = |t: &str| find_condition(conds, t).filter(|c| c.status == "False");
     let offline = down(TYPE_AGENT_CONNECTED).or_else(|| {
         (c.spec.mode() == ClusterMode::Push)
@@ -356,7 +396,10 @@ fn reach(ctx: &Ctx, cluster: Option<&Cluster>, cns: &str) -> Reach {
             .flatten()
     });
     let Some(cond) = offline else {
-        return Reach { online: true, since: None };
+        return Reach {
+            online: true,
+            since: None,
+        };
     };
     let lease = ctx
         .stores
@@ -367,7 +410,10 @@ fn reach(ctx: &Ctx, cluster: Option<&Cluster>, cns: &str) -> Reach {
     let since = crate::cluster::last_heartbeat(c, lease)
         .map(Time)
         .or_else(|| Some(cond.last_transition_time.clone()));
-    Reach { online: false, since }
+    Reach {
+        online: false,
+        since,
+    }
 }
 
 /// The hub's verdict on a placeholder: remembered by resourceVersion; read and judged again
@@ -382,7 +428,13 @@ async fn verdict(
     judge: impl Fn(&PlaceholderContent) -> Verdict,
 ) -> Result<Option<Verdict>, Error> {
     let memo_key = (cns.to_string(), e.placeholder.clone());
-    let remembered = ctx.upstream.verdicts.lock().expect("memo").get(&memo_key).cloned();
+    let remembered = ctx
+        .upstream
+        .verdicts
+        .lock()
+        .expect("memo")
+        .get(&memo_key)
+        .cloned();
     if let Some((seen, result)) = remembered
         && seen == rv
     {
@@ -394,7 +446,10 @@ async fn verdict(
             Ok(_) => {}
         }
     }
-    let action = format!("read upstream placeholder {} {cns}/{}", e.kind, e.placeholder);
+    let action = format!(
+        "read upstream placeholder {} {cns}/{}",
+        e.kind, e.placeholder
+    );
     let content = match e.kind {
         SourceKind::Secret => Api::<Secret>::namespaced(ctx.client.clone(), cns)
             .get_opt(&e.placeholder)
@@ -405,7 +460,12 @@ async fn verdict(
             .get_opt(&e.placeholder)
             .await
             .map_err(kube_err(action))?
-            .map(|c| (PlaceholderContent::from_config_map(&c), c.resource_version())),
+            .map(|c| {
+                (
+                    PlaceholderContent::from_config_map(&c),
+                    c.resource_version(),
+                )
+            }),
     };
     let Some((content, rv)) = content else {
         return Ok(None);

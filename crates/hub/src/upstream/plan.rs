@@ -42,7 +42,12 @@ pub fn entries(
             let namespace = r.namespace.clone().unwrap_or_else(|| deploy_ns.to_string());
             Some(Entry {
                 kind,
-                placeholder: names::upstream_placeholder(bundle, kind.as_str(), &namespace, &r.name),
+                placeholder: names::upstream_placeholder(
+                    bundle,
+                    kind.as_str(),
+                    &namespace,
+                    &r.name,
+                ),
                 published: names::upstream_name(bundle, cluster, &r.name),
                 namespace,
                 name: r.name.clone(),
@@ -52,12 +57,19 @@ pub fn entries(
 }
 
 /// Labels of a placeholder (cluster namespace) for Bundle `bundle_ns/bundle` and `cluster`.
-pub fn placeholder_labels(bundle_ns: &str, bundle: &str, cluster: &str) -> BTreeMap<String, String> {
+pub fn placeholder_labels(
+    bundle_ns: &str,
+    bundle: &str,
+    cluster: &str,
+) -> BTreeMap<String, String> {
     BTreeMap::from([
         (labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into()),
         (labels::WORKSPACE.into(), bundle_ns.into()),
         (labels::BUNDLE_NAMESPACE.into(), bundle_ns.into()),
-        (labels::UPSTREAM_BUNDLE.into(), labels::safe_label_value(bundle)),
+        (
+            labels::UPSTREAM_BUNDLE.into(),
+            labels::safe_label_value(bundle),
+        ),
         (labels::CLUSTER.into(), labels::safe_label_value(cluster)),
         (labels::UPSTREAM.into(), labels::UPSTREAM_PLACEHOLDER.into()),
     ])
@@ -193,11 +205,23 @@ pub fn publication_body(
     upstream::validate(size, c.secret_type.as_deref(), max_bytes)?;
     let mut labels = allowed(&c.labels);
     labels.extend([
-        (labels::MANAGED_BY.to_string(), labels::MANAGED_BY_VALUE.to_string()),
+        (
+            labels::MANAGED_BY.to_string(),
+            labels::MANAGED_BY_VALUE.to_string(),
+        ),
         (labels::BUNDLE_NAMESPACE.to_string(), bundle_ns.to_string()),
-        (labels::UPSTREAM_BUNDLE.to_string(), labels::safe_label_value(bundle)),
-        (labels::CLUSTER.to_string(), labels::safe_label_value(cluster)),
-        (labels::UPSTREAM.to_string(), labels::UPSTREAM_PUBLISHED.to_string()),
+        (
+            labels::UPSTREAM_BUNDLE.to_string(),
+            labels::safe_label_value(bundle),
+        ),
+        (
+            labels::CLUSTER.to_string(),
+            labels::safe_label_value(cluster),
+        ),
+        (
+            labels::UPSTREAM.to_string(),
+            labels::UPSTREAM_PUBLISHED.to_string(),
+        ),
     ]);
     let mut annotations = allowed(&c.annotations);
     annotations.insert(
@@ -384,8 +408,7 @@ pub fn publication(
             if live.and_then(|l| l.hash.as_ref()) != Some(h) {
                 ops.push(Op::Apply(apply.clone()));
                 line.hash = Some(h.clone());
-                line.last_published = apply.body["metadata"]["annotations"]
-                    [labels::PUBLISHED_AT]
+                line.last_published = apply.body["metadata"]["annotations"][labels::PUBLISHED_AT]
                     .as_str()
                     .and_then(|t| t.parse().ok())
                     .map(Time);
@@ -476,7 +499,16 @@ mod tests {
 
     fn verdict(value: &[u8]) -> Verdict {
         let now = Time("2026-01-01T00:00:00Z".parse().unwrap());
-        publication_body(&content(value), &entry(), "ws", "vpc", "east", &owner(), DEFAULT_MAX_BYTES, &now)
+        publication_body(
+            &content(value),
+            &entry(),
+            "ws",
+            "vpc",
+            "east",
+            &owner(),
+            DEFAULT_MAX_BYTES,
+            &now,
+        )
     }
 
     const ONLINE: Reach = Reach {
@@ -501,20 +533,37 @@ mod tests {
         assert_eq!(a.body["type"], "Opaque");
         assert!(a.body.get("data").is_none(), "the hub never writes data");
         let written: ObjectMeta = serde_json::from_value(a.body["metadata"].clone()).unwrap();
-        assert_eq!(placeholder_op(&e, "cns", &l, &owner(), Some(&written)), None);
+        assert_eq!(
+            placeholder_op(&e, "cns", &l, &owner(), Some(&written)),
+            None
+        );
     }
 
     #[test]
     fn present_content_is_published_with_allowed_metadata_only() {
         let v = verdict(b"pcx-1");
-        let (line, ops) = publication("ws", "east", &entry(), Observed::Present, Some(&v), None, &ONLINE);
+        let (line, ops) = publication(
+            "ws",
+            "east",
+            &entry(),
+            Observed::Present,
+            Some(&v),
+            None,
+            &ONLINE,
+        );
         assert_eq!(line.state, UpstreamState::Published);
-        let [Op::Apply(a)] = ops.as_slice() else { panic!("{ops:?}") };
+        let [Op::Apply(a)] = ops.as_slice() else {
+            panic!("{ops:?}")
+        };
         assert_eq!(a.key.name, "vpc-east-peering");
         let labels = &a.body["metadata"]["labels"];
         assert_eq!(labels["team"], "net");
         assert_eq!(labels[labels::UPSTREAM], "published");
-        assert!(a.body["metadata"]["annotations"].get(labels::UPSTREAM_OBSERVED).is_none());
+        assert!(
+            a.body["metadata"]["annotations"]
+                .get(labels::UPSTREAM_OBSERVED)
+                .is_none()
+        );
     }
 
     #[test]
@@ -527,11 +576,26 @@ mod tests {
             hash: Some(h),
             published_at: Some("2026-01-01T00:00:00Z".into()),
         };
-        let (line, ops) =
-            publication("ws", "east", &entry(), Observed::Present, Some(&v), Some(&live), &ONLINE);
+        let (line, ops) = publication(
+            "ws",
+            "east",
+            &entry(),
+            Observed::Present,
+            Some(&v),
+            Some(&live),
+            &ONLINE,
+        );
         assert_eq!(ops, Vec::new());
         assert_eq!(line.state, UpstreamState::Published);
-        let (_, ops) = publication("ws", "east", &entry(), Observed::Present, None, Some(&live), &ONLINE);
+        let (_, ops) = publication(
+            "ws",
+            "east",
+            &entry(),
+            Observed::Present,
+            None,
+            Some(&live),
+            &ONLINE,
+        );
         assert_eq!(ops, Vec::new());
     }
 
@@ -543,7 +607,15 @@ mod tests {
             hash: Some("h".into()),
             published_at: None,
         };
-        let (line, ops) = publication("ws", "east", &entry(), Observed::Absent, None, Some(&live), &ONLINE);
+        let (line, ops) = publication(
+            "ws",
+            "east",
+            &entry(),
+            Observed::Absent,
+            None,
+            Some(&live),
+            &ONLINE,
+        );
         assert_eq!(line.state, UpstreamState::Missing);
         assert!(matches!(&ops[..], [Op::Delete { uid: Some(u), .. }] if u == "p"));
     }
@@ -557,8 +629,15 @@ mod tests {
             hash: Some("old".into()),
             published_at: None,
         };
-        let (line, ops) =
-            publication("ws", "east", &entry(), Observed::Present, Some(&v), Some(&live), &ONLINE);
+        let (line, ops) = publication(
+            "ws",
+            "east",
+            &entry(),
+            Observed::Present,
+            Some(&v),
+            Some(&live),
+            &ONLINE,
+        );
         assert_eq!(line.state, UpstreamState::Rejected);
         assert!(ops.is_empty());
         assert!(line.message.unwrap().contains("bytes"));
@@ -577,7 +656,15 @@ mod tests {
             online: false,
             since: Some(since.clone()),
         };
-        let (line, ops) = publication("ws", "east", &entry(), Observed::Present, None, Some(&live), &reach);
+        let (line, ops) = publication(
+            "ws",
+            "east",
+            &entry(),
+            Observed::Present,
+            None,
+            Some(&live),
+            &reach,
+        );
         assert_eq!(line.state, UpstreamState::Stale);
         assert_eq!(line.stale_since, Some(since));
         assert!(ops.is_empty());
@@ -595,8 +682,15 @@ mod tests {
             published_at: None,
         };
         let v = verdict(b"a");
-        let (line, ops) =
-            publication("ws", "east", &entry(), Observed::Present, Some(&v), Some(&live), &ONLINE);
+        let (line, ops) = publication(
+            "ws",
+            "east",
+            &entry(),
+            Observed::Present,
+            Some(&v),
+            Some(&live),
+            &ONLINE,
+        );
         assert_eq!(line.state, UpstreamState::Conflict);
         assert!(ops.is_empty());
     }
