@@ -28,11 +28,14 @@ use crate::context::Ctx;
 use crate::{Error, kube_err};
 use plan::{Entry, LivePublished, Observed, PlaceholderContent, Reach, Verdict};
 
+/// (cluster ns, placeholder) → (resourceVersion judged, content hash or why refused).
+type Verdicts = HashMap<(String, String), (String, Result<String, String>)>;
+
 /// What this process remembers between reconciles (no Secret data).
 #[derive(Default)]
 pub(crate) struct Memo {
     /// (cluster ns, placeholder) → (resourceVersion judged, content hash or why refused).
-    verdicts: Mutex<HashMap<(String, String), (String, Result<String, String>)>>,
+    verdicts: Mutex<Verdicts>,
     /// (cluster ns, Role name) → hash of the Role/RoleBinding this process applied.
     access: Mutex<HashMap<(String, String), String>>,
 }

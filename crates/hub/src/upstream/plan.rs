@@ -191,6 +191,7 @@ fn allowed(map: &BTreeMap<String, String>) -> BTreeMap<String, String> {
 }
 
 /// The published object and its content hash, or why the content is refused.
+#[allow(clippy::too_many_arguments)] // every argument is one plain fact the body depends on
 pub fn publication_body(
     c: &PlaceholderContent,
     entry: &Entry,
