@@ -30,6 +30,8 @@ pub(crate) struct HubCopies {
 
 /// The write halves of the [`HubCopies`] stores, consumed by [`CopyFeeds::spawn`].
 pub(crate) struct CopyFeeds {
+    /// Reverse sync: pinged on every placeholder event (placeholders wake no BundleDeployment).
+    pub(crate) upstream: Option<UnboundedSender<()>>,
     hub: Client,
     namespace: String,
     secrets: Writer<Secret>,
@@ -47,6 +49,7 @@ pub(crate) fn stores(hub: Client, namespace: &str) -> (HubCopies, CopyFeeds) {
         config_maps,
     };
     let feeds = CopyFeeds {
+        upstream: None,
         hub,
         namespace: namespace.to_string(),
         secrets: secret_writer,
@@ -69,12 +72,14 @@ impl CopyFeeds {
             self.secrets,
             bds.clone(),
             trigger.clone(),
+            self.upstream.clone(),
         ));
         tasks.spawn(feed(
             Api::<ConfigMap>::namespaced(self.hub, &self.namespace),
             self.config_maps,
             bds,
             trigger,
+            self.upstream,
         ));
     }
 }
@@ -86,6 +91,7 @@ async fn feed<K>(
     writer: Writer<K>,
     bds: Store<BundleDeployment>,
     trigger: UnboundedSender<KubeRef<BundleDeployment>>,
+    upstream: Option<UnboundedSender<()>>,
 ) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -103,6 +109,16 @@ async fn feed<K>(
                 continue;
             }
         };
+        let is_placeholder = obj
+            .labels()
+            .get(tender_types::labels::UPSTREAM)
+            .is_some_and(|v| v == tender_types::labels::UPSTREAM_PLACEHOLDER);
+        if is_placeholder {
+            if let Some(ping) = &upstream {
+                let _ = ping.unbounded_send(());
+            }
+            continue;
+        }
         let name = obj.name_any();
         let ns = obj.namespace().unwrap_or_default();
         let mut owners: BTreeSet<String> = obj
@@ -129,6 +145,11 @@ async fn feed<K>(
 }
 
 impl HubCopies {
+    /// The Secret and ConfigMap stores (reverse sync reads its placeholders from them).
+    pub(crate) fn stores(&self) -> (Store<Secret>, Store<ConfigMap>) {
+        (self.secrets.clone(), self.config_maps.clone())
+    }
+
     /// The downstream object for copy `entry` in `copies_ns`, or why there is none yet
     /// (Missing: the hub's copy is absent or behind; Error: a kind that cannot be copied).
     pub(crate) async fn desired(

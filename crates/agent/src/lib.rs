@@ -61,6 +61,7 @@ mod report;
 mod run;
 pub mod status;
 mod sync;
+mod upstream;
 
 pub use config::{
     AgentConfig, DEFAULT_CLUSTER_STATUS_INTERVAL, DEFAULT_HEARTBEAT_INTERVAL, VERSION,

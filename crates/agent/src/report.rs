@@ -31,7 +31,15 @@ pub(crate) fn report_ops(
     outcome: &Outcome,
 ) -> Vec<Op> {
     let prev = bd.status.as_ref();
-    if prev == Some(new) {
+    // `status.upstream` belongs to the upstream reporter's field manager: not ours to compare.
+    let unchanged = prev.is_some_and(|p| {
+        p.upstream.is_empty() && p == new
+            || BundleDeploymentStatus {
+                upstream: Vec::new(),
+                ..p.clone()
+            } == *new
+    });
+    if unchanged {
         return Vec::new();
     }
     let name = bd.name_any();

@@ -19,7 +19,7 @@ use crate::config::{AgentConfig, ShutdownSignal};
 use crate::context::Context;
 use crate::plan;
 use crate::reconcile::{error_policy, reconcile};
-use crate::{AgentMetrics, Error, Result, cleanup, copies, heartbeat};
+use crate::{AgentMetrics, Error, Result, cleanup, copies, heartbeat, upstream};
 
 pub(crate) async fn run(
     hub: Client,
@@ -31,7 +31,10 @@ pub(crate) async fn run(
 ) -> Result<()> {
     let ns = config.cluster_namespace.clone();
     let (trigger, triggers) = mpsc::unbounded::<KubeRef<BundleDeployment>>();
-    let (hub_copies, copy_feeds) = copies::stores(hub.clone(), &ns);
+    let (hub_copies, mut copy_feeds) = copies::stores(hub.clone(), &ns);
+    let (upstream_ping, upstream_pings) = mpsc::unbounded::<()>();
+    copy_feeds.upstream = Some(upstream_ping.clone());
+    let upstream_clients = (hub.clone(), downstream.clone());
     let ctx = Arc::new(Context::new(
         hub,
         downstream,
@@ -67,6 +70,19 @@ pub(crate) async fn run(
 
     // Copies on the hub: keep them in memory (only this namespace), map changes to their BD.
     copy_feeds.spawn(store.clone(), trigger, &mut background);
+    // Reverse sync: placeholders of this cluster namespace → their downstream objects.
+    background.spawn(upstream::run(
+        upstream_clients.0,
+        upstream_clients.1,
+        ns.clone(),
+        ctx.config.identity.clone(),
+        ctx.metrics.shared(),
+        ctx.copies.stores(),
+        store.clone(),
+        upstream_ping,
+        upstream_pings,
+        shutdown.clone(),
+    ));
     for kind in ["Secret", "ConfigMap"] {
         if let Ok((resource, _)) = ctx.down.resolve("v1", kind).await {
             ctx.drift.ensure(&resource);

@@ -256,6 +256,8 @@ pub fn compute(
         display: Some(BundleDeploymentDisplay {
             state: display.to_string(),
         }),
+        // Owned by the upstream reporter (its own field manager), never written here.
+        upstream: Vec::new(),
     }
 }
 

@@ -169,6 +169,52 @@ pub fn agent_access(workspace: &str, cluster: &str) -> AgentAccess {
     }
 }
 
+/// The Role and RoleBinding letting the agent of `cluster_ns` write exactly the placeholders of
+/// one Bundle there (reverse sync): `get`/`patch`/`update` with `resourceNames`, never
+/// `create`, `list` or another name. `None` when the Bundle has no placeholders there.
+pub fn upstream_access(
+    cluster_ns: &str,
+    bundle: &str,
+    secrets: &[String],
+    config_maps: &[String],
+    labels: &BTreeMap<String, String>,
+) -> Option<(Role, RoleBinding)> {
+    let verbs = ["get", "patch", "update"];
+    let named = |resource: &str, names: &[String]| {
+        (!names.is_empty()).then(|| PolicyRule {
+            resource_names: Some(names.to_vec()),
+            ..rule(&[""], &[resource], &verbs)
+        })
+    };
+    let rules: Vec<PolicyRule> = [named("secrets", secrets), named("configmaps", config_maps)]
+        .into_iter()
+        .flatten()
+        .collect();
+    if rules.is_empty() {
+        return None;
+    }
+    let name = names::upstream_role(bundle);
+    let role = Role {
+        metadata: meta(&name, Some(cluster_ns), labels),
+        rules: Some(rules),
+    };
+    let binding = RoleBinding {
+        metadata: meta(&name, Some(cluster_ns), labels),
+        role_ref: RoleRef {
+            api_group: Some(RBAC_GROUP.into()),
+            kind: "Role".into(),
+            name,
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: names::AGENT_SERVICE_ACCOUNT.into(),
+            namespace: Some(cluster_ns.to_string()),
+            ..Default::default()
+        }]),
+    };
+    Some((role, binding))
+}
+
 /// When the agent last reported: the later of its Lease renewal and `status.agent.lastSeen`.
 pub fn last_heartbeat(cluster: &Cluster, lease_renewed: Option<Timestamp>) -> Option<Timestamp> {
     let seen = cluster
@@ -627,6 +673,29 @@ mod tests {
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).unwrap()
+    }
+
+    #[test]
+    fn upstream_access_names_exactly_the_placeholders() {
+        let (role, binding) =
+            upstream_access("cns", "vpc", &["p1".to_string()], &[], &BTreeMap::new()).unwrap();
+        let rules = role.rules.unwrap();
+        assert_eq!(rules.len(), 1);
+        assert_eq!(
+            rules[0].resources.as_deref(),
+            Some(&["secrets".to_string()][..])
+        );
+        assert_eq!(
+            rules[0].resource_names.as_deref(),
+            Some(&["p1".to_string()][..])
+        );
+        assert_eq!(rules[0].verbs, ["get", "patch", "update"]);
+        assert_eq!(binding.role_ref.name, "tender-agent-upstream-vpc");
+        assert_eq!(
+            binding.subjects.unwrap()[0].namespace.as_deref(),
+            Some("cns")
+        );
+        assert!(upstream_access("cns", "vpc", &[], &[], &BTreeMap::new()).is_none());
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub(crate) struct Ctx {
     /// BundleDeployment names by cluster namespace, kept by the BundleDeployment feed, so a
     /// Cluster's summary reads its own few objects instead of scanning them all.
     pub bd_names: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
+    /// Reverse sync: verdicts on placeholders and the agents' upstream access applied.
+    pub upstream: crate::upstream::Memo,
 }
 
 /// The status write of `K` `namespace/name` (server-side apply of `new` to the status

@@ -23,6 +23,7 @@ pub mod group;
 pub mod push;
 pub mod sources;
 mod triggers;
+pub mod upstream;
 mod watch;
 
 use std::future::Future;
@@ -57,6 +58,8 @@ pub struct HubConfig {
     pub instance: String,
     /// Push mode (Clusters with `spec.kubeconfigSecretRef`).
     pub push: push::PushConfig,
+    /// Reverse sync: largest placeholder content (keys + values) the hub publishes.
+    pub upstream_max_bytes: usize,
 }
 
 impl Default for HubConfig {
@@ -68,6 +71,7 @@ impl Default for HubConfig {
             agent_offline_after: DEFAULT_AGENT_OFFLINE_AFTER,
             instance: "tender-hub".to_string(),
             push: push::PushConfig::default(),
+            upstream_max_bytes: tender_types::upstream::DEFAULT_MAX_BYTES,
         }
     }
 }

@@ -55,6 +55,9 @@ struct Args {
     /// Seconds between two probes of each push cluster.
     #[arg(long, env = "TENDER_PUSH_PROBE_SECONDS", default_value_t = 30)]
     push_probe_seconds: u64,
+    /// Largest placeholder content (bytes of keys and values) published by reverse sync.
+    #[arg(long, env = "TENDER_UPSTREAM_MAX_BYTES", default_value_t = tender_types::upstream::DEFAULT_MAX_BYTES)]
+    upstream_max_bytes: usize,
 }
 
 #[tokio::main]
@@ -106,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
             probe_interval: std::time::Duration::from_secs(args.push_probe_seconds.max(1)),
             ..Default::default()
         },
+        upstream_max_bytes: args.upstream_max_bytes,
     };
     let server = tender_runtime::serve(args.metrics_addr, metrics.clone(), health.clone());
     tokio::select! {

@@ -186,13 +186,14 @@ fn key_of(parts: impl Hash) -> u64 {
     hasher.finish()
 }
 
-/// The Bundle an object written for it belongs to, from its labels.
+/// The Bundle an object written for it belongs to, from its labels (copies and
+/// BundleDeployments: bundle-name; reverse-sync placeholders and publications: upstream-bundle).
 fn bundle_of(meta: &ObjectMeta) -> Option<ObjectRef<Bundle>> {
     let labels = meta.labels.as_ref()?;
-    Some(
-        ObjectRef::new(labels.get(labels::BUNDLE_NAME)?)
-            .within(labels.get(labels::BUNDLE_NAMESPACE)?),
-    )
+    let name = labels
+        .get(labels::BUNDLE_NAME)
+        .or_else(|| labels.get(labels::UPSTREAM_BUNDLE))?;
+    Some(ObjectRef::new(name).within(labels.get(labels::BUNDLE_NAMESPACE)?))
 }
 
 /// Bundles: their own controller (status memo retired first).
@@ -237,8 +238,18 @@ fn cluster_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Cluster>) -> BoxFutur
             .status
             .as_ref()
             .is_some_and(|s| is_true(&s.conditions, TYPE_READY));
+        // Connectivity flips mark reverse-sync publications stale (or fresh again).
+        let reachable = c.status.as_ref().map(|s| {
+            (
+                is_true(&s.conditions, TYPE_AGENT_CONNECTED),
+                is_true(
+                    &s.conditions,
+                    tender_types::conditions::TYPE_CLUSTER_CONNECTED,
+                ),
+            )
+        });
         let keys = (
-            key_of((c.labels(), deleting, &status_ns, c.spec.paused)),
+            key_of((c.labels(), deleting, &status_ns, c.spec.paused, reachable)),
             key_of((c.labels(), deleting, ready)),
         );
         let before = seen.insert(r, keys);
@@ -383,6 +394,10 @@ fn source_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) 
                 t.cluster(ObjectRef::from_obj(c.as_ref()));
             }
         }
+    }
+    // A publication of reverse sync (edited or deleted by hand): its Bundle restores it.
+    if let Some(b) = bundle_of(meta) {
+        t.bundle(b);
     }
     for (bns, bname) in ctx.sources.bundles_for(&(ns, kind, name)) {
         t.bundle(ObjectRef::new(&bname).within(&bns));

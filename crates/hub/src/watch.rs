@@ -113,6 +113,7 @@ fn scope_controllers(
         provisioned: Mutex::default(),
         push,
         bd_names: Default::default(),
+        upstream: Default::default(),
     });
     let (feeds, inputs) = feeds(&ctx, events);
 

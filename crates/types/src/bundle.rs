@@ -65,6 +65,11 @@ pub struct BundleSpec {
     #[schemars(length(max = 64), transform = kind_name_list_map)]
     pub downstream_resources: Vec<DownstreamResource>,
 
+    /// Downstream Secrets and ConfigMaps read on every targeted cluster and published in this Bundle's namespace as `<bundle>-<cluster>-<name>` (reverse sync; see docs/reverse-sync.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16), transform = kind_name_list_map)]
+    pub upstream_resources: Vec<crate::upstream::UpstreamResource>,
+
     /// Inline manifests applied downstream with server-side apply, in order. Each needs apiVersion, kind and metadata.name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
@@ -302,6 +307,10 @@ pub struct BundleStatus {
     /// Short strings for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display: Option<BundleDisplay>,
+
+    /// Reverse sync: which cluster published which upstreamResources entry, and how fresh it is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<crate::upstream::UpstreamPublication>,
 }
 
 /// Counts of BundleDeployments by state (for a Bundle) or of a cluster's BundleDeployments (for a Cluster).

@@ -202,6 +202,10 @@ pub struct BundleDeploymentStatus {
     /// Short strings for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display: Option<BundleDeploymentDisplay>,
+
+    /// Reverse sync: each upstream entry as the agent copied it into its placeholder (written with field manager `tender-agent-upstream`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<crate::upstream::UpstreamObjectStatus>,
 }
 
 /// State of one downstream object.

@@ -18,7 +18,22 @@ pub const TYPE_AGENT_CONNECTED: &str = "AgentConnected";
 pub const TYPE_CLUSTER_CONNECTED: &str = "ClusterConnected";
 
 /// Condition reasons.
+/// Bundle: whether every targeted cluster published every `upstreamResources` entry.
+pub const TYPE_UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
+
 pub mod reason {
+    /// Every upstream entry is published by every targeted cluster.
+    pub const UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
+    /// Some entry has not been reported by its cluster's agent yet.
+    pub const UPSTREAM_PENDING: &str = "UpstreamPending";
+    /// Some downstream object does not exist (its publication was removed).
+    pub const UPSTREAM_MISSING: &str = "UpstreamMissing";
+    /// The hub refused some placeholder's content (size limit, Secret type).
+    pub const UPSTREAM_REJECTED: &str = "UpstreamRejected";
+    /// Some cluster is unreachable: its last published content stays, possibly outdated.
+    pub const UPSTREAM_STALE: &str = "UpstreamStale";
+    /// Some published name is taken by an object tender did not publish.
+    pub const UPSTREAM_CONFLICT: &str = "UpstreamConflict";
     /// Everything is ready.
     pub const READY: &str = "Ready";
     /// The manifests are applied.

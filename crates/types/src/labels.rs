@@ -40,6 +40,29 @@ pub const COPY_OF: &str = "tender.dev/copy-of";
 /// list of objects a deployment created, used for pruning and the start-up sweep).
 pub const INVENTORY: &str = "tender.dev/inventory";
 
+/// Label on reverse-sync objects: [`UPSTREAM_PLACEHOLDER`] (cluster namespace, written by
+/// the agent) or [`UPSTREAM_PUBLISHED`] (Bundle namespace, written by the hub).
+pub const UPSTREAM: &str = "tender.dev/upstream";
+/// Value of [`UPSTREAM`] on placeholders.
+pub const UPSTREAM_PLACEHOLDER: &str = "placeholder";
+/// Value of [`UPSTREAM`] on published objects.
+pub const UPSTREAM_PUBLISHED: &str = "published";
+/// Label on placeholders and published objects: the Bundle's name. Not [`BUNDLE_NAME`], so
+/// neither is taken for a copy, and a published object can be a `downstreamResources` source.
+pub const UPSTREAM_BUNDLE: &str = "tender.dev/upstream-bundle";
+/// Annotation on placeholders and published objects: the downstream object,
+/// `Kind/namespace/name` ([`crate::upstream::source_ref`]).
+pub const UPSTREAM_SOURCE: &str = "tender.dev/upstream-source";
+/// Annotation the agent sets on a placeholder: `Present` or `Absent` downstream.
+pub const UPSTREAM_OBSERVED: &str = "tender.dev/upstream-observed";
+/// Annotation the agent sets on a Secret placeholder: the downstream Secret's `type`
+/// (placeholders are `Opaque`, and a Secret's type cannot change).
+pub const UPSTREAM_TYPE: &str = "tender.dev/upstream-type";
+/// Annotation on published objects: when their content last changed (RFC 3339).
+pub const PUBLISHED_AT: &str = "tender.dev/published-at";
+/// Field manager of the agent's placeholder writes and of `status.upstream`.
+pub const AGENT_UPSTREAM_FIELD_MANAGER: &str = "tender-agent-upstream";
+
 /// Finalizer on BundleDeployments: the agent removes downstream objects before deletion completes.
 pub const AGENT_CLEANUP_FINALIZER: &str = "tender.dev/agent-cleanup";
 /// Finalizer on Clusters: the hub removes the cluster namespace before deletion completes.
@@ -140,6 +163,12 @@ mod tests {
             KEEP_RESOURCES,
             COPY_OF,
             INVENTORY,
+            UPSTREAM,
+            UPSTREAM_BUNDLE,
+            UPSTREAM_SOURCE,
+            UPSTREAM_OBSERVED,
+            UPSTREAM_TYPE,
+            PUBLISHED_AT,
             AGENT_CLEANUP_FINALIZER,
             CLUSTER_CLEANUP_FINALIZER,
             BUNDLE_CLEANUP_FINALIZER,

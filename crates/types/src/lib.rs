@@ -16,6 +16,7 @@ pub mod labels;
 pub mod names;
 pub mod namespaces;
 pub mod targeting;
+pub mod upstream;
 
 mod schema;
 
@@ -32,6 +33,7 @@ pub use cluster::{
     KubeconfigSecretRef,
 };
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
+pub use upstream::{UpstreamObjectStatus, UpstreamPublication, UpstreamResource, UpstreamState};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 

@@ -96,6 +96,53 @@ pub fn bundle_deployment_name(bundle_name: &str) -> String {
     bundle_name.to_string()
 }
 
+/// Name of a cluster's published copy of a downstream object in the Bundle's namespace:
+/// `<bundle>-<cluster>-<name>` when that is a DNS subdomain of at most 253 characters,
+/// otherwise sanitised, truncated and suffixed with 8 hex of sha256(`bundle/cluster/name`).
+///
+/// The readable form can collide (`a` + `b-c` vs `a-b` + `c`); the hub never overwrites an
+/// object it did not publish for the same Bundle, cluster and source (reported `Conflict`).
+pub fn upstream_name(bundle_name: &str, cluster_name: &str, name: &str) -> String {
+    let readable = format!("{bundle_name}-{cluster_name}-{name}");
+    if is_dns_subdomain(&readable) {
+        return readable;
+    }
+    let hash = short_hash(&format!("{bundle_name}/{cluster_name}/{name}"));
+    let budget = MAX_DNS_SUBDOMAIN_LEN - 1 - hash.len();
+    let readable = sanitise(&readable, budget);
+    if readable.is_empty() {
+        hash
+    } else {
+        format!("{readable}-{hash}")
+    }
+}
+
+/// Name of the placeholder the hub creates in the cluster namespace for one upstream entry:
+/// `<bundle>-upstream-<kind>-<name>-<8 hex of sha256("bundle/kind/namespace/name")>`, like
+/// [`copy_name`].
+pub fn upstream_placeholder(bundle_name: &str, kind: &str, namespace: &str, name: &str) -> String {
+    let hash = short_hash(&format!("{bundle_name}/{kind}/{namespace}/{name}"));
+    let budget = MAX_DNS_SUBDOMAIN_LEN - 1 - hash.len();
+    let readable = sanitise(&format!("{bundle_name}-upstream-{kind}-{name}"), budget);
+    if readable.is_empty() {
+        hash
+    } else {
+        format!("{readable}-{hash}")
+    }
+}
+
+/// Role and RoleBinding in the cluster namespace letting the agent write the placeholders of
+/// one Bundle (`resourceNames`): `tender-agent-upstream-<bundle>`, hashed when too long.
+pub fn upstream_role(bundle_name: &str) -> String {
+    let name = format!("{AGENT_ROLE}-upstream-{bundle_name}");
+    if name.len() <= MAX_DNS_SUBDOMAIN_LEN {
+        return name;
+    }
+    let hash = short_hash(bundle_name);
+    let keep = MAX_DNS_SUBDOMAIN_LEN - hash.len() - 1;
+    format!("{}-{hash}", name[..keep].trim_end_matches(['-', '.']))
+}
+
 /// ServiceAccount of a cluster's agent, in the cluster namespace on the hub.
 pub const AGENT_SERVICE_ACCOUNT: &str = "tender-agent";
 /// Long-lived token Secret of [`AGENT_SERVICE_ACCOUNT`]; the CLI builds the agent's hub
@@ -200,6 +247,31 @@ mod tests {
         let b = agent_workspace_role(&format!("{}b", "c".repeat(252)));
         assert!(is_dns_subdomain(&a) && is_dns_subdomain(&b), "{a}");
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn upstream_names_are_readable_when_short_and_hashed_when_long() {
+        assert_eq!(
+            upstream_name("vpc", "east-1", "peering"),
+            "vpc-east-1-peering"
+        );
+        assert_eq!(upstream_name("vpc", "east.1", "a.b"), "vpc-east.1-a.b");
+        let long = "n".repeat(250);
+        let a = upstream_name("vpc", "east", &format!("{long}a"));
+        let b = upstream_name("vpc", "east", &format!("{long}b"));
+        assert!(is_dns_subdomain(&a) && is_dns_subdomain(&b), "{a}");
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            upstream_name("vpc", "east", &format!("{long}a")),
+            "stable"
+        );
+        let p = upstream_placeholder("vpc", "Secret", "ns", "peering");
+        assert!(p.starts_with("vpc-upstream-secret-peering-"), "{p}");
+        assert_ne!(p, upstream_placeholder("vpc", "Secret", "other", "peering"));
+        assert_ne!(p, copy_name("vpc", "Secret", "peering"));
+        assert_eq!(upstream_role("vpc"), "tender-agent-upstream-vpc");
+        assert!(is_dns_subdomain(&upstream_role(&"b".repeat(253))));
     }
 
     #[test]

@@ -125,6 +125,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     };
     let (mut created, mut updated, mut copies, mut deleted) = (0, 0, 0, 0);
     let started = Instant::now();
+    let mut upstream = None;
     match plan::plan(
         &name,
         &bundle.spec,
@@ -183,6 +184,13 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                 .filter(|bd| bd.metadata.deletion_timestamp.is_none())
                 .map(AsRef::as_ref)
                 .collect();
+            // Reverse sync (`upstreamResources`) for the clusters this Bundle targets.
+            let targeted: Vec<(String, String)> = plan
+                .deployments
+                .iter()
+                .map(|d| (d.cluster.clone(), d.namespace.clone()))
+                .collect();
+            upstream = crate::upstream::reconcile(ctx, bundle, &targeted).await?;
             facts.matched = plan.matched.len();
             facts.summary = summarize(plan.matched.len(), current);
             facts.missing = plan.missing.into_iter().collect();
@@ -204,22 +212,30 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     ctx.exec
         .execute_in_order(ops::fanout_events(&reference, created, deleted))
         .await?;
-    write_status(bundle, ctx, &facts).await?;
+    write_status(bundle, ctx, &facts, upstream).await?;
     Ok(Action::await_change())
 }
 
-async fn write_status(bundle: &Bundle, ctx: &Ctx, facts: &BundleFacts) -> Result<(), Error> {
+async fn write_status(
+    bundle: &Bundle,
+    ctx: &Ctx,
+    facts: &BundleFacts,
+    upstream: Option<Vec<tender_types::UpstreamPublication>>,
+) -> Result<(), Error> {
     // Decide on the cache as it is now: the reconcile's snapshot may predate our own last
     // status write, whose watch event has since retired its memo entry.
     let latest = ctx.stores.bundles.get(&ObjectRef::from_obj(bundle));
     let bundle: &Bundle = latest.as_deref().unwrap_or(bundle);
     let old = bundle.status.as_ref();
-    let new = bundle_status(
+    let mut new = bundle_status(
         old,
         facts,
         bundle.metadata.generation,
         Time(Timestamp::now()),
     );
+    // Reverse sync lines: this reconcile's, else (targeting error) the previous ones.
+    let lines = upstream.unwrap_or_else(|| old.map(|o| o.upstream.clone()).unwrap_or_default());
+    crate::upstream::set_status(&mut new, lines, bundle.metadata.generation);
     let desired = hash::value_hash(&serde_json::to_value(&new).unwrap_or_default());
     let op = status_op::<Bundle, _>(
         &bundle.namespace().unwrap_or_default(),
