@@ -52,6 +52,10 @@ pub struct HubConfig {
     pub agent_offline_after: Duration,
     /// Reporting instance on Kubernetes Events (the pod name).
     pub instance: String,
+    /// Kinds `downstreamResources` may name (`--copyable-kinds`). Secrets and ConfigMaps are
+    /// copied as themselves; every other kind travels in a carrier Secret and never comes alive
+    /// on the hub.
+    pub copyable_kinds: Vec<tender_types::copy::CopyableKind>,
 }
 
 impl Default for HubConfig {
@@ -62,6 +66,10 @@ impl Default for HubConfig {
             leader_election: None,
             agent_offline_after: DEFAULT_AGENT_OFFLINE_AFTER,
             instance: "tender-hub".to_string(),
+            copyable_kinds: tender_types::copy::CopyableKind::parse_list(
+                tender_types::copy::DEFAULT_COPYABLE_KINDS,
+            )
+            .expect("the default copyable kinds parse"),
         }
     }
 }

@@ -48,6 +48,11 @@ struct Args {
     /// Seconds without an agent heartbeat before a Cluster is reported offline.
     #[arg(long, env = "TENDER_AGENT_OFFLINE_AFTER_SECONDS", default_value_t = 90)]
     agent_offline_after_seconds: u64,
+    /// Kinds Bundles may copy downstream, comma-separated `<apiVersion>/<Kind>` (e.g.
+    /// `v1/Secret,v1/ConfigMap,kyverno.io/v1/ClusterPolicy`). Kinds other than Secret and
+    /// ConfigMap travel inside carrier Secrets and are never instantiated on the hub.
+    #[arg(long, env = "TENDER_COPYABLE_KINDS", default_value = tender_types::copy::DEFAULT_COPYABLE_KINDS)]
+    copyable_kinds: String,
 }
 
 #[tokio::main]
@@ -90,6 +95,9 @@ async fn main() -> anyhow::Result<()> {
         }),
         agent_offline_after: std::time::Duration::from_secs(args.agent_offline_after_seconds),
         instance: args.pod_name,
+        copyable_kinds: tender_types::copy::CopyableKind::parse_list(&args.copyable_kinds)
+            .map_err(anyhow::Error::msg)
+            .context("--copyable-kinds")?,
     };
     let server = tender_runtime::serve(args.metrics_addr, metrics.clone(), health.clone());
     tokio::select! {
