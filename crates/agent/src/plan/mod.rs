@@ -441,6 +441,7 @@ mod fixtures {
 
     pub(super) fn entry(kind: &str, name: &str) -> CopiedResource {
         CopiedResource {
+            api_version: None,
             kind: kind.into(),
             name: name.into(),
             copy_name: format!("app-{}-{name}-abcdef12", kind.to_lowercase()),
