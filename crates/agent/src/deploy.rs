@@ -246,6 +246,8 @@ static EMPTY: std::collections::BTreeMap<String, String> = std::collections::BTr
 /// The downstream objects for a source of any kind but Secret/ConfigMap: its kind must be
 /// served downstream (else `KindNotInstalled`), its carrier verified; one per fan-out
 /// namespace for a namespaced kind, once for a cluster-scoped one.
+// `Planned` carries an ObjectStatus as its error by design (it is the status to report).
+#[allow(clippy::result_large_err)]
 async fn plan_carried(
     ctx: &Context,
     entry: &tender_types::CopiedResource,
@@ -284,6 +286,8 @@ async fn plan_carried(
 
 /// A manifest as desired downstream (its kind discovered and watched for drift): once, or
 /// with fan-out once per namespace for a namespaced kind.
+// `Planned` carries an ObjectStatus as its error by design (it is the status to report).
+#[allow(clippy::result_large_err)]
 async fn plan_manifest(
     ctx: &Context,
     m: &Manifest,
