@@ -53,5 +53,6 @@ pub mod crds;
 pub mod fixture;
 /// Running tender's hub in-process against the test environment (owned by the hub work).
 pub mod hub_harness;
+pub mod kyverno;
 pub mod local_pod;
 pub mod proxy;

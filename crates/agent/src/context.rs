@@ -4,10 +4,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc::UnboundedSender;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
-use kube::api::Api;
+use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef as KubeRef;
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher::DefaultBackoff;
 use tender_runtime::Executor;
 use tender_types::BundleDeployment;
@@ -33,6 +35,8 @@ pub(crate) struct Context {
     pub(crate) inventory: Inventory,
     pub(crate) copies: HubCopies,
     pub(crate) drift: DriftWatches,
+    /// Downstream namespaces (metadata), for fan-out by `targetNamespaceSelector`.
+    pub(crate) namespaces: Store<PartialObjectMeta<Namespace>>,
     pub(crate) config: AgentConfig,
     pub(crate) metrics: AgentMetrics,
     /// Retry delays of BundleDeployments whose last reconcile failed, by name.
@@ -48,6 +52,7 @@ impl Context {
         config: AgentConfig,
         metrics: AgentMetrics,
         copies: HubCopies,
+        namespaces: Store<PartialObjectMeta<Namespace>>,
         trigger: UnboundedSender<KubeRef<BundleDeployment>>,
     ) -> Self {
         let ns = &config.cluster_namespace;
@@ -77,6 +82,7 @@ impl Context {
             down_writer,
             hub_writer,
             copies,
+            namespaces,
             config,
             metrics,
             retries: Mutex::new(HashMap::new()),

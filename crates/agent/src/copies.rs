@@ -14,7 +14,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tender_runtime::reconcile::error_text;
-use tender_types::{BundleDeployment, CopiedResource, ObjectState, hash};
+use tender_types::{BundleDeployment, CopiedResource, ObjectState, hash, labels};
 use tokio::task::JoinSet;
 
 use crate::plan::{self, Owner, Planned};
@@ -144,6 +144,19 @@ async fn feed<K>(
     }
 }
 
+/// The object in a carrier Secret (its JSON under [`labels::CARRIER_KEY`]).
+fn carried_object(carrier: &Secret) -> Option<serde_json::Value> {
+    let data = carrier.data.as_ref()?.get(labels::CARRIER_KEY)?;
+    serde_json::from_slice(&data.0).ok()
+}
+
+/// Content hash of a carrier: the hash of the object it carries ("" when it carries none).
+fn carrier_hash(carrier: &Secret) -> String {
+    carried_object(carrier)
+        .map(|o| hash::carried_hash(&o))
+        .unwrap_or_default()
+}
+
 impl HubCopies {
     /// The Secret and ConfigMap stores (reverse sync reads its placeholders from them).
     pub(crate) fn stores(&self) -> (Store<Secret>, Store<ConfigMap>) {
@@ -180,6 +193,17 @@ impl HubCopies {
                 )),
             )),
         }
+    }
+
+    /// The object carried by carrier `entry` (any kind but a Secret/ConfigMap), verified: the
+    /// hash of the carried content equals `entry.hash` from the BundleDeployment spec.
+    pub(crate) async fn carried(
+        &self,
+        entry: &CopiedResource,
+    ) -> Result<serde_json::Value, String> {
+        let carrier = self.verified(&self.secrets, entry, carrier_hash).await?;
+        carried_object(&carrier)
+            .ok_or_else(|| format!("carrier {} holds no object", entry.copy_name))
     }
 
     /// The copy on the hub whose content hashes to `entry.hash` (which only the hub writes, in

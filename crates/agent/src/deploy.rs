@@ -51,16 +51,36 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         namespaces::copies_namespace(opts.target_namespace.as_deref(), default_ns).to_string();
     outcome.copy_feature_disabled =
         !ctx.config.copy_resources_downstream && !opts.downstream_resources.is_empty();
+    // Fan-out: every listed and every matching namespace instead of the one copies namespace.
+    let fan_out = fan_out_namespaces(ctx, opts);
+    let copy_namespaces: Vec<String> = match &fan_out {
+        Ok(Some(set)) => set.iter().cloned().collect(),
+        Ok(None) | Err(_) => vec![copies_ns.clone()],
+    };
     let mut copies: Vec<Planned> = Vec::new();
     if !outcome.copy_feature_disabled {
+        let keep = opts.keep_resources;
         for entry in &opts.downstream_resources {
-            let keep = opts.keep_resources;
-            copies.push(ctx.copies.desired(entry, &copies_ns, &owner, keep).await);
+            if let Err(msg) = &fan_out {
+                let key = plan::key(entry.api_version(), &entry.kind, None, &entry.name);
+                copies.push(Err(status::object(
+                    &key,
+                    ObjectState::Error,
+                    Some(msg.clone()),
+                )));
+            } else if entry.is_carried() {
+                copies.extend(plan_carried(ctx, entry, &copy_namespaces, &owner, keep).await);
+            } else {
+                for ns in &copy_namespaces {
+                    copies.push(ctx.copies.desired(entry, ns, &owner, keep).await);
+                }
+            }
         }
     }
+    let manifest_namespaces = fan_out.as_ref().ok().cloned().flatten();
     let mut manifests: Vec<Planned> = Vec::new();
     for m in &spec.resources {
-        manifests.push(plan_manifest(ctx, m, opts, &owner).await);
+        manifests.extend(plan_manifest(ctx, m, opts, manifest_namespaces.as_ref(), &owner).await);
     }
     let desired_keys: Vec<ObjectRef> = copies
         .iter()
@@ -104,9 +124,11 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         .iter()
         .filter_map(|p| p.as_ref().ok().and_then(|d| d.key.namespace.clone()))
         .collect();
-    if copies.iter().any(|c| c.is_ok()) {
-        needed.insert(copies_ns.clone());
-    }
+    needed.extend(
+        copies
+            .iter()
+            .filter_map(|p| p.as_ref().ok().and_then(|d| d.key.namespace.clone())),
+    );
     let mut namespace_errors: HashMap<String, String> = HashMap::new();
     for ns in needed.difference(&own_namespaces) {
         if let Err(msg) = ensure_namespace(ctx, ns).await {
@@ -194,31 +216,115 @@ fn next_look(outcome: &Outcome) -> Action {
     }
 }
 
-/// A manifest as desired downstream (its kind discovered and watched for drift).
+/// The fan-out namespaces of a deployment (`None`: it does not fan out), from the downstream
+/// namespace cache; `Err` says why the selector cannot be evaluated.
+fn fan_out_namespaces(
+    ctx: &Context,
+    opts: &BundleDeploymentOptions,
+) -> std::result::Result<Option<BTreeSet<String>>, String> {
+    if opts.target_namespaces.is_empty() && opts.target_namespace_selector.is_none() {
+        return Ok(None);
+    }
+    let cached = ctx.namespaces.state();
+    let existing = cached.iter().map(|ns| {
+        (
+            ns.metadata.name.as_deref().unwrap_or_default(),
+            ns.metadata.labels.as_ref().unwrap_or(&EMPTY),
+            ns.metadata.deletion_timestamp.is_some(),
+        )
+    });
+    namespaces::fan_out_namespaces(
+        &opts.target_namespaces,
+        opts.target_namespace_selector.as_ref(),
+        existing,
+    )
+    .map_err(|e| format!("invalid targetNamespaceSelector: {e}"))
+}
+
+static EMPTY: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
+
+/// The downstream objects for a source of any kind but Secret/ConfigMap: its kind must be
+/// served downstream (else `KindNotInstalled`), its carrier verified; one per fan-out
+/// namespace for a namespaced kind, once for a cluster-scoped one.
+// `Planned` carries an ObjectStatus as its error by design (it is the status to report).
+#[allow(clippy::result_large_err)]
+async fn plan_carried(
+    ctx: &Context,
+    entry: &tender_types::CopiedResource,
+    copy_namespaces: &[String],
+    owner: &Owner,
+    keep: bool,
+) -> Vec<Planned> {
+    let key = plan::key(entry.api_version(), &entry.kind, None, &entry.name);
+    let (resource, namespaced) = match ctx.down.resolve(entry.api_version(), &entry.kind).await {
+        Ok(found) => found,
+        Err(e) => {
+            let msg = format!(
+                "{}: {}/{} is not served by this cluster (install its CRD here): {}",
+                tender_types::conditions::reason::KIND_NOT_INSTALLED,
+                entry.api_version(),
+                entry.kind,
+                message(&e)
+            );
+            return vec![Err(status::object(&key, ObjectState::Error, Some(msg)))];
+        }
+    };
+    ctx.drift.ensure(&resource);
+    let object = match ctx.copies.carried(entry).await {
+        Ok(object) => object,
+        Err(msg) => return vec![Err(status::object(&key, ObjectState::Missing, Some(msg)))],
+    };
+    if namespaced {
+        copy_namespaces
+            .iter()
+            .map(|ns| Ok(plan::carried_copy(&object, entry, Some(ns), owner, keep)))
+            .collect()
+    } else {
+        vec![Ok(plan::carried_copy(&object, entry, None, owner, keep))]
+    }
+}
+
+/// A manifest as desired downstream (its kind discovered and watched for drift): once, or
+/// with fan-out once per namespace for a namespaced kind.
+// `Planned` carries an ObjectStatus as its error by design (it is the status to report).
+#[allow(clippy::result_large_err)]
 async fn plan_manifest(
     ctx: &Context,
     m: &Manifest,
     opts: &BundleDeploymentOptions,
+    fan_out: Option<&BTreeSet<String>>,
     owner: &Owner,
-) -> Planned {
+) -> Vec<Planned> {
     let key = plan::key(
         m.api_version().unwrap_or_default(),
         m.kind().unwrap_or_default(),
         m.namespace(),
         m.name().unwrap_or_default(),
     );
-    let (resource, namespaced) = ctx
-        .down
-        .resolve(&key.api_version, &key.kind)
-        .await
-        .map_err(|e| {
-            status::object(
+    let (resource, namespaced) = match ctx.down.resolve(&key.api_version, &key.kind).await {
+        Ok(found) => found,
+        Err(e) => {
+            return vec![Err(status::object(
                 &key,
                 ObjectState::Error,
                 Some(format!("unknown kind downstream: {}", message(&e))),
-            )
-        })?;
+            ))];
+        }
+    };
     ctx.drift.ensure(&resource);
-    plan::manifest(m, namespaced, opts, owner)
-        .map_err(|msg| status::object(&key, ObjectState::Error, Some(msg)))
+    let one = |opts: &BundleDeploymentOptions| {
+        plan::manifest(m, namespaced, opts, owner)
+            .map_err(|msg| status::object(&key, ObjectState::Error, Some(msg)))
+    };
+    match fan_out {
+        Some(set) if namespaced => set
+            .iter()
+            .map(|ns| {
+                let mut o = opts.clone();
+                o.target_namespace = Some(ns.clone());
+                one(&o)
+            })
+            .collect(),
+        _ => vec![one(opts)],
+    }
 }

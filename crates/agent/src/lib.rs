@@ -55,6 +55,7 @@ mod drift;
 mod heartbeat;
 mod inventory;
 pub mod metrics;
+mod namespaces;
 pub mod plan;
 mod reconcile;
 mod report;

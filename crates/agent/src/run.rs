@@ -19,7 +19,7 @@ use crate::config::{AgentConfig, ShutdownSignal};
 use crate::context::Context;
 use crate::plan;
 use crate::reconcile::{error_policy, reconcile};
-use crate::{AgentMetrics, Error, Result, cleanup, copies, heartbeat, upstream};
+use crate::{AgentMetrics, Error, Result, cleanup, copies, heartbeat, namespaces, upstream};
 
 pub(crate) async fn run(
     hub: Client,
@@ -35,12 +35,14 @@ pub(crate) async fn run(
     let (upstream_ping, upstream_pings) = mpsc::unbounded::<()>();
     copy_feeds.upstream = Some(upstream_ping.clone());
     let upstream_clients = (hub.clone(), downstream.clone());
+    let (namespaces, namespace_writer) = namespaces::store();
     let ctx = Arc::new(Context::new(
         hub,
-        downstream,
+        downstream.clone(),
         config,
         metrics,
         hub_copies,
+        namespaces.clone(),
         trigger.clone(),
     ));
     let mut background = tokio::task::JoinSet::new();
@@ -67,6 +69,20 @@ pub(crate) async fn run(
         .reconcile_on(triggers)
         .graceful_shutdown_on(shutdown.clone());
     let store = controller.store();
+
+    // Downstream namespaces, for fan-out: listed before the first deploy (an empty cache
+    // would prune every selected namespace), then followed so copies arrive in a namespace
+    // that starts to match and go from one that stops.
+    background.spawn(namespaces::feed(
+        downstream,
+        namespace_writer,
+        store.clone(),
+        trigger.clone(),
+    ));
+    tokio::select! {
+        _ = namespaces.wait_until_ready() => {}
+        () = shutdown.clone() => return Ok(()),
+    }
 
     // Copies on the hub: keep them in memory (only this namespace), map changes to their BD.
     copy_feeds.spawn(store.clone(), trigger, &mut background);

@@ -137,10 +137,20 @@ pub fn compute(
             &summarize(&copy_conflicts),
         );
     } else if !copy_errors.is_empty() {
+        // A copied object whose kind the downstream cluster does not serve has its own reason.
+        let not_installed = copy_errors.iter().any(|s| {
+            s.message
+                .as_deref()
+                .is_some_and(|m| m.starts_with(reason::KIND_NOT_INSTALLED))
+        });
         set(
             TYPE_RESOURCES_COPIED,
             false,
-            reason::COPY_FAILED,
+            if not_installed {
+                reason::KIND_NOT_INSTALLED
+            } else {
+                reason::COPY_FAILED
+            },
             &summarize(&copy_errors),
         );
     } else {

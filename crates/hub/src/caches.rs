@@ -13,14 +13,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Client;
 use kube::Resource;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::{Api, DynamicObject, GroupVersionKind, PartialObjectMeta};
+use kube::discovery::ApiResource;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
+use tender_types::copy::CopyableKind;
 use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, labels, names};
 
 use crate::Error;
-use crate::context::{Scope, Stores};
+use crate::context::{CarriedKind, Scope, Stores};
 
 /// A cache's events, after the cache applied them.
 pub(crate) type Events<K> = BoxStream<'static, watcher::Event<K>>;
@@ -37,6 +39,68 @@ pub(crate) struct CacheEvents {
     pub source_config_maps: Events<PartialObjectMeta<ConfigMap>>,
     pub namespaces: Events<PartialObjectMeta<Namespace>>,
     pub leases: Events<Lease>,
+    /// Sources of the other allowed kinds, one stream per kind.
+    pub carried: Vec<(CopyableKind, Events<PartialObjectMeta<DynamicObject>>)>,
+}
+
+/// An allowed kind other than Secret/ConfigMap as discovery found it on the hub.
+#[derive(Clone, Debug)]
+pub(crate) struct DiscoveredKind {
+    pub kind: CopyableKind,
+    pub resource: ApiResource,
+    pub namespaced: bool,
+}
+
+/// Finds the allowed kinds other than Secret/ConfigMap on the hub. A kind the hub does not
+/// serve is logged and left out: its sources are then reported missing (`SourceNotFound`).
+pub(crate) async fn discover(client: &Client, kinds: &[CopyableKind]) -> Vec<DiscoveredKind> {
+    let mut out = Vec::new();
+    for kind in kinds.iter().filter(|k| !k.is_secret_or_config_map()) {
+        let (group, version) = match kind.api_version.split_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", kind.api_version.as_str()),
+        };
+        let gvk = GroupVersionKind::gvk(group, version, &kind.kind);
+        match kube::discovery::pinned_kind(client, &gvk).await {
+            Ok((resource, caps)) => out.push(DiscoveredKind {
+                kind: kind.clone(),
+                resource,
+                namespaced: caps.scope == kube::discovery::Scope::Namespaced,
+            }),
+            Err(error) => {
+                tracing::warn!(%kind, %error, "copyable kind is not served by the hub; its sources count as missing (restart the hub after installing it)");
+            }
+        }
+    }
+    out
+}
+
+fn reflect_dynamic(
+    what: String,
+    api: Api<PartialObjectMeta<DynamicObject>>,
+    config: watcher::Config,
+    resource: &ApiResource,
+) -> (
+    Store<PartialObjectMeta<DynamicObject>>,
+    Events<PartialObjectMeta<DynamicObject>>,
+) {
+    let writer = reflector::store::Writer::new(resource.clone());
+    let reader = writer.as_reader();
+    let events = reflector::reflector(writer, watcher(api, config).default_backoff())
+    .filter_map(move |event| {
+        let what = what.clone();
+        async move {
+            match event {
+                Ok(event) => Some(event),
+                Err(error) => {
+                    tracing::warn!(%error, watch = %what, "watch failed; retrying with backoff");
+                    None
+                }
+            }
+        }
+    })
+    .boxed();
+    (reader, events)
 }
 
 fn reflect<K>(what: &'static str, api: Api<K>, config: watcher::Config) -> (Store<K>, Events<K>)
@@ -60,7 +124,11 @@ where
 }
 
 /// Starts (lazily: nothing runs until the event streams are polled) the caches of `scope`.
-pub(crate) fn caches(scope: &Scope, client: &Client) -> (Stores, CacheEvents) {
+pub(crate) fn caches(
+    scope: &Scope,
+    client: &Client,
+    discovered: &[DiscoveredKind],
+) -> (Stores, CacheEvents) {
     let all = watcher::Config::default();
     // What the hub writes into cluster namespaces carries the workspace label.
     let in_workspaces = watcher::Config::default().labels(&scope.workspace_selector());
@@ -109,6 +177,31 @@ pub(crate) fn caches(scope: &Scope, client: &Client) -> (Stores, CacheEvents) {
         Api::<Lease>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={}", names::AGENT_LEASE)),
     );
+    // Sources of other kinds: metadata only (never their content in memory), in the scope's
+    // namespace for namespaced kinds, cluster-wide for cluster-scoped ones.
+    let mut carried = Vec::new();
+    let mut carried_events = Vec::new();
+    for d in discovered {
+        let api = match scope {
+            Scope::Namespace(ns) if d.namespaced => {
+                Api::namespaced_with(client.clone(), ns, &d.resource)
+            }
+            _ => Api::all_with(client.clone(), &d.resource),
+        };
+        let (store, events) = reflect_dynamic(
+            format!("source {}", d.kind),
+            api,
+            watcher::Config::default(),
+            &d.resource,
+        );
+        carried.push(CarriedKind {
+            kind: d.kind.clone(),
+            resource: d.resource.clone(),
+            namespaced: d.namespaced,
+            store,
+        });
+        carried_events.push((d.kind.clone(), events));
+    }
     let stores = Stores {
         bundles,
         clusters,
@@ -120,6 +213,7 @@ pub(crate) fn caches(scope: &Scope, client: &Client) -> (Stores, CacheEvents) {
         source_config_maps,
         namespaces,
         leases,
+        carried: std::sync::Arc::new(carried),
     };
     let events = CacheEvents {
         bundles: bundle_events,
@@ -132,6 +226,7 @@ pub(crate) fn caches(scope: &Scope, client: &Client) -> (Stores, CacheEvents) {
         source_config_maps: source_cm_events,
         namespaces: ns_events,
         leases: lease_events,
+        carried: carried_events,
     };
     (stores, events)
 }
@@ -156,5 +251,11 @@ pub(crate) async fn synced(s: Stores) -> Result<(), Error> {
     wait!(s.source_config_maps, "source configmaps");
     wait!(s.namespaces, "cluster namespaces");
     wait!(s.leases, "agent leases");
+    for c in s.carried.iter() {
+        c.store
+            .wait_until_ready()
+            .await
+            .map_err(|_| Error::CacheSync("sources of a copyable kind"))?;
+    }
     Ok(())
 }

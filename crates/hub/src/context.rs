@@ -55,6 +55,16 @@ impl Scope {
     }
 }
 
+/// One kind the operator allows besides Secrets and ConfigMaps, as discovery found it on the
+/// hub, with the metadata cache of its sources.
+#[derive(Clone)]
+pub(crate) struct CarriedKind {
+    pub kind: tender_types::copy::CopyableKind,
+    pub resource: kube::discovery::ApiResource,
+    pub namespaced: bool,
+    pub store: Store<PartialObjectMeta<kube::api::DynamicObject>>,
+}
+
 /// The caches of one scope (all filled before any controller starts).
 #[derive(Clone)]
 pub(crate) struct Stores {
@@ -68,6 +78,15 @@ pub(crate) struct Stores {
     pub source_config_maps: Store<PartialObjectMeta<ConfigMap>>,
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
     pub leases: Store<Lease>,
+    /// Sources of the other allowed kinds (metadata only), one cache per kind.
+    pub carried: Arc<Vec<CarriedKind>>,
+}
+
+impl Stores {
+    /// The cache of an allowed kind other than Secret/ConfigMap, if the hub serves it.
+    pub(crate) fn carried(&self, kind: &tender_types::copy::CopyableKind) -> Option<&CarriedKind> {
+        self.carried.iter().find(|c| &c.kind == kind)
+    }
 }
 
 /// Shared by the reconcilers of one scope.

@@ -60,6 +60,10 @@ pub struct HubConfig {
     pub push: push::PushConfig,
     /// Reverse sync: largest placeholder content (keys + values) the hub publishes.
     pub upstream_max_bytes: usize,
+    /// Kinds `downstreamResources` may name (`--copyable-kinds`). Secrets and ConfigMaps are
+    /// copied as themselves; every other kind travels in a carrier Secret and never comes alive
+    /// on the hub.
+    pub copyable_kinds: Vec<tender_types::copy::CopyableKind>,
 }
 
 impl Default for HubConfig {
@@ -72,6 +76,10 @@ impl Default for HubConfig {
             instance: "tender-hub".to_string(),
             push: push::PushConfig::default(),
             upstream_max_bytes: tender_types::upstream::DEFAULT_MAX_BYTES,
+            copyable_kinds: tender_types::copy::CopyableKind::parse_list(
+                tender_types::copy::DEFAULT_COPYABLE_KINDS,
+            )
+            .expect("the default copyable kinds parse"),
         }
     }
 }

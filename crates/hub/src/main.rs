@@ -58,6 +58,11 @@ struct Args {
     /// Largest placeholder content (bytes of keys and values) published by reverse sync.
     #[arg(long, env = "TENDER_UPSTREAM_MAX_BYTES", default_value_t = tender_types::upstream::DEFAULT_MAX_BYTES)]
     upstream_max_bytes: usize,
+    /// Kinds Bundles may copy downstream, comma-separated `<apiVersion>/<Kind>` (e.g.
+    /// `v1/Secret,v1/ConfigMap,kyverno.io/v1/ClusterPolicy`). Kinds other than Secret and
+    /// ConfigMap travel inside carrier Secrets and are never instantiated on the hub.
+    #[arg(long, env = "TENDER_COPYABLE_KINDS", default_value = tender_types::copy::DEFAULT_COPYABLE_KINDS)]
+    copyable_kinds: String,
 }
 
 #[tokio::main]
@@ -110,6 +115,9 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         },
         upstream_max_bytes: args.upstream_max_bytes,
+        copyable_kinds: tender_types::copy::CopyableKind::parse_list(&args.copyable_kinds)
+            .map_err(anyhow::Error::msg)
+            .context("--copyable-kinds")?,
     };
     let server = tender_runtime::serve(args.metrics_addr, metrics.clone(), health.clone());
     tokio::select! {

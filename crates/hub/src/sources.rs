@@ -6,10 +6,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use tender_types::SourceKind;
+use tender_types::copy::CopyableKind;
 
-/// A source object: (namespace, kind, name).
-pub type SourceId = (String, SourceKind, String);
+/// A source object: (namespace — empty for a cluster-scoped kind, kind, name).
+pub type SourceId = (String, CopyableKind, String);
 /// A Bundle: (namespace, name).
 pub type BundleId = (String, String);
 
@@ -85,8 +85,11 @@ impl SourceIndex {
 mod tests {
     use super::*;
 
+    fn kind(kind: &str) -> CopyableKind {
+        CopyableKind::parse(&format!("v1/{kind}")).unwrap()
+    }
     fn src(name: &str) -> SourceId {
-        ("ws".into(), SourceKind::Secret, name.into())
+        ("ws".into(), kind("Secret"), name.into())
     }
     fn bundle(name: &str) -> BundleId {
         ("ws".into(), name.into())
@@ -109,7 +112,7 @@ mod tests {
         assert!(index.is_empty());
         assert!(
             index
-                .bundles_for(&("ws".into(), SourceKind::ConfigMap, "s1".into()))
+                .bundles_for(&("ws".into(), kind("ConfigMap"), "s1".into()))
                 .is_empty(),
             "kinds are distinct"
         );

@@ -20,6 +20,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tender_runtime::ObjectKey;
 use tender_types::conditions::{TYPE_AGENT_CONNECTED, TYPE_READY, is_true};
+use tender_types::copy::CopyableKind;
 use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, SourceKind, labels};
 
 use crate::caches::{CacheEvents, Events};
@@ -95,7 +96,7 @@ pub(crate) fn feeds(
         groups: groups_tx,
         group: group_tx,
     };
-    let feeds = vec![
+    let mut feeds = vec![
         bundle_feed(ctx.clone(), t.clone(), events.bundles),
         cluster_feed(ctx.clone(), t.clone(), events.clusters),
         group_feed(ctx.clone(), t.clone(), events.groups),
@@ -129,8 +130,16 @@ pub(crate) fn feeds(
             source_changed,
         ),
         namespace_feed(ctx.clone(), t.clone(), meta_events(events.namespaces)),
-        lease_feed(ctx.clone(), t, events.leases),
+        lease_feed(ctx.clone(), t.clone(), events.leases),
     ];
+    for (kind, events) in events.carried {
+        feeds.push(carried_source_feed(
+            ctx.clone(),
+            t.clone(),
+            kind,
+            meta_events(events),
+        ));
+    }
     let inputs = ControllerInputs {
         bundles,
         bundle,
@@ -380,12 +389,11 @@ fn copy_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) {
 /// Sources: through the index to the Bundles that copy them; a Secret named by a push
 /// Cluster's `kubeconfigSecretRef` wakes that Cluster (a rotated credential).
 fn source_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) {
-    let (Some(ns), Some(name)) = (meta.namespace.clone(), meta.name.clone()) else {
-        return;
-    };
-    if kind == SourceKind::Secret {
+    if kind == SourceKind::Secret
+        && let (Some(ns), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref())
+    {
         for c in ctx.stores.clusters.state() {
-            if c.namespace().as_deref() == Some(ns.as_str())
+            if c.namespace().as_deref() == Some(ns)
                 && c.spec
                     .kubeconfig_secret_ref
                     .as_ref()
@@ -399,9 +407,36 @@ fn source_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) 
     if let Some(b) = bundle_of(meta) {
         t.bundle(b);
     }
-    for (bns, bname) in ctx.sources.bundles_for(&(ns, kind, name)) {
+    source_of_kind_changed(ctx, t, &CopyableKind::core(kind), meta);
+}
+
+/// A source of any kind (namespace empty for a cluster-scoped one) → the Bundles copying it.
+fn source_of_kind_changed(ctx: &Ctx, t: &Triggers, kind: &CopyableKind, meta: &ObjectMeta) {
+    let Some(name) = meta.name.clone() else {
+        return;
+    };
+    let ns = meta.namespace.clone().unwrap_or_default();
+    for (bns, bname) in ctx.sources.bundles_for(&(ns, kind.clone(), name)) {
         t.bundle(ObjectRef::new(&bname).within(&bns));
     }
+}
+
+/// Sources of an allowed kind other than Secret/ConfigMap (metadata only): a change reaches the
+/// Bundles that copy it by watch, exactly like a Secret rotation.
+fn carried_source_feed(
+    ctx: Arc<Ctx>,
+    t: Triggers,
+    kind: CopyableKind,
+    events: Events<ObjectMeta>,
+) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        if let watcher::Event::InitDone = event {
+            t.all_bundles();
+        }
+        if let Some((meta, _)) = changed(event) {
+            source_of_kind_changed(&ctx, &t, &kind, meta);
+        }
+    })
 }
 
 /// Cluster namespaces: a deleted namespace is recreated, a finished deletion unblocks.

@@ -34,11 +34,13 @@ pub(crate) async fn run_controllers(
             .map(|ns| Scope::Namespace(ns.clone()))
             .collect()
     };
+    let discovered = crate::caches::discover(&client, &config.copyable_kinds).await;
     let mut ready = Vec::new();
     let mut running = Vec::new();
     for scope in scopes {
         let (synced, run) = scope_controllers(
             scope,
+            &discovered,
             client.clone(),
             config.clone(),
             metrics.clone(),
@@ -69,6 +71,7 @@ pub(crate) async fn run_controllers(
 /// runs its caches and controllers.
 fn scope_controllers(
     scope: Scope,
+    discovered: &[crate::caches::DiscoveredKind],
     client: Client,
     config: Arc<HubConfig>,
     metrics: Arc<Metrics>,
@@ -77,7 +80,7 @@ fn scope_controllers(
     BoxFuture<'static, Result<(), Error>>,
     BoxFuture<'static, ()>,
 ) {
-    let (stores, events) = caches(&scope, &client);
+    let (stores, events) = caches(&scope, &client, discovered);
     // Push tasks report state changes here; the Cluster controller writes them to status.
     let (push_tx, push_rx) = futures::channel::mpsc::unbounded();
     let push = crate::push::Push::new(

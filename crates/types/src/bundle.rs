@@ -8,8 +8,8 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::schema::{
-    DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, conditions_list_map, forbid_namespace_property,
-    kind_name_list_map,
+    API_VERSION_PATTERN, DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, KIND_PATTERN,
+    conditions_list_map, forbid_namespace_property, kind_name_list_map,
 };
 
 /// A set of manifests and Secret/ConfigMap copies deployed to every targeted cluster.
@@ -60,7 +60,16 @@ pub struct BundleSpec {
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
     pub target_namespace: Option<String>,
 
-    /// Secrets and ConfigMaps in this Bundle's namespace to copy to every targeted cluster before any manifest is applied there. Needs the EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM feature gate on hub and agent.
+    /// Fan-out: copies and namespaced manifests go to every namespace listed here (created if missing), in addition to those targetNamespaceSelector matches. Overrides targetNamespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN)))]
+    pub target_namespaces: Vec<String>,
+
+    /// Fan-out: copies and namespaced manifests go to every existing downstream namespace whose labels match, followed as namespaces are created, relabelled or deleted. `{}` matches every namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_namespace_selector: Option<LabelSelector>,
+
+    /// Objects in this Bundle's namespace to copy to every targeted cluster before any manifest is applied there: Secrets and ConfigMaps, and any other kind the hub operator allows (`--copyable-kinds`). Needs the EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM feature gate on hub and agent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), transform = kind_name_list_map)]
     pub downstream_resources: Vec<DownstreamResource>,
@@ -140,6 +149,15 @@ pub struct BundleTarget {
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
     pub default_namespace: Option<String>,
 
+    /// Overrides the Bundle's targetNamespaces for the clusters of this target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), inner(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN)))]
+    pub target_namespaces: Option<Vec<String>>,
+
+    /// Overrides the Bundle's targetNamespaceSelector for the clusters of this target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_namespace_selector: Option<LabelSelector>,
+
     /// Replaces (does not merge with) the Bundle's downstreamResources for the clusters of this target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64), transform = kind_name_list_map)]
@@ -150,20 +168,20 @@ pub struct BundleTarget {
     pub keep_resources: Option<bool>,
 }
 
-/// A Secret or ConfigMap in the Bundle's namespace to copy downstream.
+/// An object in the Bundle's namespace to copy downstream: a Secret, a ConfigMap, or an object of a kind the hub operator allows.
 #[derive(
     Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
 )]
 #[serde(rename_all = "camelCase")]
 #[schemars(transform = forbid_namespace_property)]
 pub struct DownstreamResource {
-    /// API version of the source; only `v1` is supported, which is also the default.
+    /// API version of the source, e.g. `v1` (the default) or `kyverno.io/v1`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(extend("enum" = ["v1"]))]
+    #[schemars(length(min = 1, max = 317), regex(pattern = API_VERSION_PATTERN))]
     pub api_version: Option<String>,
 
-    /// Kind of the source: `Secret` or `ConfigMap`.
-    #[schemars(extend("enum" = ["Secret", "ConfigMap"]))]
+    /// Kind of the source: `Secret`, `ConfigMap`, or any kind listed in the hub's `--copyable-kinds` (e.g. `ClusterPolicy`). Other kinds are reported as KindNotAllowed.
+    #[schemars(length(min = 1, max = 63), regex(pattern = KIND_PATTERN))]
     pub kind: String,
 
     /// Name of the source in the Bundle's namespace; the copy downstream gets the same name.
@@ -172,9 +190,17 @@ pub struct DownstreamResource {
 }
 
 impl DownstreamResource {
-    /// The supported kind this entry names, if it is one.
+    /// The Secret/ConfigMap kind this entry names, if it is one (`apiVersion` `v1` or unset).
     pub fn source_kind(&self) -> Option<SourceKind> {
+        if self.api_version() != "v1" {
+            return None;
+        }
         SourceKind::parse(&self.kind)
+    }
+
+    /// `apiVersion`, defaulted to `v1`.
+    pub fn api_version(&self) -> &str {
+        self.api_version.as_deref().unwrap_or("v1")
     }
 }
 
@@ -295,7 +321,7 @@ pub struct BundleStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 
-    /// Conditions: `Ready` with a reason such as NoClustersMatched, SourceNotFound, UnsupportedKind or CopyFeatureDisabled.
+    /// Conditions: `Ready` with a reason such as NoClustersMatched, SourceNotFound, KindNotAllowed or CopyFeatureDisabled.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = conditions_list_map)]
     pub conditions: Vec<Condition>,

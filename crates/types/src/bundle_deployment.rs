@@ -1,6 +1,6 @@
 //! `BundleDeployment`: one Bundle resolved for one cluster, written by the hub, read by the agent.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -132,6 +132,14 @@ pub struct BundleDeploymentOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_namespace: Option<String>,
 
+    /// Fan-out: every namespace copies and namespaced manifests go to (with those targetNamespaceSelector matches); replaces targetNamespace when set.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_namespaces: Vec<String>,
+
+    /// Fan-out: existing downstream namespaces whose labels match also receive copies and namespaced manifests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_namespace_selector: Option<LabelSelector>,
+
     /// Leave objects in place (without tender's labels) when they are removed from the deployment.
     #[serde(default)]
     pub keep_resources: bool,
@@ -144,7 +152,7 @@ pub struct BundleDeploymentOptions {
     #[serde(default)]
     pub correct_drift: bool,
 
-    /// Secrets and ConfigMaps copied into the cluster namespace on the hub, to be copied downstream before any manifest is applied.
+    /// Sources copied into the cluster namespace on the hub (Secrets and ConfigMaps as copies, other kinds inside carrier Secrets), to be copied downstream before any manifest is applied.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = kind_name_list_map)]
     pub downstream_resources: Vec<CopiedResource>,
@@ -156,14 +164,29 @@ pub struct BundleDeploymentOptions {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CopiedResource {
-    /// `Secret` or `ConfigMap`.
+    /// API version of the source; unset means `v1` (a Secret or ConfigMap copied as itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `Secret`, `ConfigMap`, or the kind of an object travelling in a carrier Secret.
     pub kind: String,
     /// Name of the source in the Bundle's namespace, which is also the name downstream.
     pub name: String,
-    /// Name of the copy in this BundleDeployment's namespace on the hub.
+    /// Name of the copy (or of the carrier Secret) in this BundleDeployment's namespace on the hub.
     pub copy_name: String,
     /// Content hash of the source (see tender_types::hash); a change triggers a new deployment.
     pub hash: String,
+}
+
+impl CopiedResource {
+    /// `apiVersion`, defaulted to `v1`.
+    pub fn api_version(&self) -> &str {
+        self.api_version.as_deref().unwrap_or("v1")
+    }
+
+    /// Whether this source travels inside a carrier Secret (any kind but a v1 Secret/ConfigMap).
+    pub fn is_carried(&self) -> bool {
+        !(self.api_version() == "v1" && (self.kind == "Secret" || self.kind == "ConfigMap"))
+    }
 }
 
 /// Observed state of a BundleDeployment, written by the agent.

@@ -46,8 +46,12 @@ pub mod reason {
     pub const SOURCE_NOT_FOUND: &str = "SourceNotFound";
     /// downstreamResources are set but EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM is off.
     pub const COPY_FEATURE_DISABLED: &str = "CopyFeatureDisabled";
-    /// A downstreamResources entry has a kind other than Secret or ConfigMap.
+    /// Superseded by [`KIND_NOT_ALLOWED`] (a kind outside `--copyable-kinds`); no longer set.
     pub const UNSUPPORTED_KIND: &str = "UnsupportedKind";
+    /// A downstreamResources entry names a kind the hub operator does not allow (`--copyable-kinds`).
+    pub const KIND_NOT_ALLOWED: &str = "KindNotAllowed";
+    /// A copied object's kind is not installed on the downstream cluster (no such API there).
+    pub const KIND_NOT_INSTALLED: &str = "KindNotInstalled";
     /// No target of the Bundle selects any cluster.
     pub const NO_CLUSTERS_MATCHED: &str = "NoClustersMatched";
     /// A label selector in a target or group is invalid.

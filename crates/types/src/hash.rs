@@ -105,6 +105,13 @@ pub fn config_map_hash(config_map: &ConfigMap) -> String {
     }))
 }
 
+/// Content hash of an object carried in a carrier Secret: the hash of its
+/// [`crate::copy::carried_body`]. The hub records it in the BundleDeployment; the agent hashes
+/// the carrier's content and deploys only on equality.
+pub fn carried_hash(object: &Value) -> String {
+    value_hash(&crate::copy::carried_body(object))
+}
+
 /// Content hash of a list of manifests; order matters (it is the apply order), key order does not.
 pub fn manifests_hash(resources: &[Manifest]) -> String {
     value_hash(&Value::Array(
@@ -254,6 +261,7 @@ mod tests {
             r#"{"metadata":{"name":"a"},"kind":"ConfigMap","apiVersion":"v1"}"#,
         )];
         let copy = |name: &str, hash: &str| CopiedResource {
+            api_version: None,
             kind: "Secret".into(),
             name: name.into(),
             copy_name: format!("b-secret-{name}"),

@@ -36,6 +36,15 @@ pub const CONTENT_HASH: &str = "tender.dev/content-hash";
 pub const KEEP_RESOURCES: &str = "tender.dev/keep-resources";
 /// Annotation on copies: the source, `<namespace>/<name>` (the kind is the copy's own kind).
 pub const COPY_OF: &str = "tender.dev/copy-of";
+/// Label `"true"` on a carrier: a Secret in a cluster namespace on the hub that carries the
+/// serialized copy of an object of another kind (which must never come alive on the hub).
+pub const CARRIER: &str = "tender.dev/carrier";
+/// Annotation on a carrier: the `apiVersion` and `kind` of the object it carries (`<apiVersion>/<kind>`).
+pub const CARRIED_KIND: &str = "tender.dev/carried-kind";
+/// Secret `type` of carriers.
+pub const CARRIER_TYPE: &str = "tender.dev/carrier";
+/// The key of a carrier's data holding the carried object (canonical JSON).
+pub const CARRIER_KEY: &str = "object.json";
 /// Label `"true"` on the agent's per-BundleDeployment inventory ConfigMaps downstream (the
 /// list of objects a deployment created, used for pruning and the start-up sweep).
 pub const INVENTORY: &str = "tender.dev/inventory";

@@ -5,6 +5,12 @@
 //! their own namespace, else `defaultNamespace`, else `default`. Cluster-scoped manifests have
 //! no namespace.
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::targeting::{SelectorError, selector_matches};
+
 /// Namespace used when neither `targetNamespace` nor `defaultNamespace` is set.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
@@ -48,6 +54,29 @@ pub fn manifest_namespace<'a>(
     )
 }
 
+/// Fan-out: the namespaces copies and namespaced manifests go to, given `targetNamespaces`, a
+/// `targetNamespaceSelector` and the downstream namespaces (name, labels, being deleted) — or
+/// `None` when the deployment does not fan out. Namespaces being deleted are not targeted (a
+/// write there would fail); explicitly listed ones always are.
+pub fn fan_out_namespaces<'a>(
+    target_namespaces: &[String],
+    selector: Option<&LabelSelector>,
+    existing: impl IntoIterator<Item = (&'a str, &'a BTreeMap<String, String>, bool)>,
+) -> Result<Option<BTreeSet<String>>, SelectorError> {
+    if target_namespaces.is_empty() && selector.is_none() {
+        return Ok(None);
+    }
+    let mut out: BTreeSet<String> = target_namespaces.iter().cloned().collect();
+    if let Some(selector) = selector {
+        for (name, labels, deleting) in existing {
+            if !deleting && selector_matches(selector, labels)? {
+                out.insert(name.to_string());
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +117,28 @@ mod tests {
             manifest_namespace(Some("own"), false, Some("t"), Some("d")),
             None
         );
+    }
+
+    #[test]
+    fn fan_out_is_the_list_plus_matching_live_namespaces() {
+        let team = BTreeMap::from([("team".to_string(), "a".to_string())]);
+        let other = BTreeMap::new();
+        let existing = [
+            ("a1", &team, false),
+            ("a2", &team, true),
+            ("b", &other, false),
+        ];
+        let selector = LabelSelector {
+            match_labels: Some(team.clone()),
+            ..Default::default()
+        };
+        assert_eq!(fan_out_namespaces(&[], None, existing).unwrap(), None);
+        let got = fan_out_namespaces(&["x".to_string()], Some(&selector), existing).unwrap();
+        assert_eq!(
+            got,
+            Some(BTreeSet::from(["a1".to_string(), "x".to_string()]))
+        );
+        let all = fan_out_namespaces(&[], Some(&LabelSelector::default()), existing).unwrap();
+        assert_eq!(all.unwrap().len(), 2);
     }
 }

@@ -19,6 +19,11 @@ pub(crate) const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
 pub(crate) const DNS_SUBDOMAIN_PATTERN: &str =
     r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
+/// An `apiVersion`: `v1`, or `<group>/<version>`.
+pub(crate) const API_VERSION_PATTERN: &str = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?v[0-9]+((alpha|beta)[0-9]+)?$";
+/// A `kind`: CamelCase letters and digits.
+pub(crate) const KIND_PATTERN: &str = "^[A-Z][A-Za-z0-9]*$";
+
 /// Declares a `namespace` property on a `downstreamResources[]` entry only to reject it.
 ///
 /// Structural pruning would silently drop an undeclared `namespace`, and a user who wrote one

@@ -94,12 +94,16 @@ pub struct GroupInfo<'a> {
 }
 
 /// A Bundle's options resolved for one target: target overrides replace Bundle values.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct ResolvedTarget {
     /// Effective `targetNamespace`.
     pub target_namespace: Option<String>,
     /// Effective `defaultNamespace` (not yet defaulted to `default`).
     pub default_namespace: Option<String>,
+    /// Effective `targetNamespaces`.
+    pub target_namespaces: Vec<String>,
+    /// Effective `targetNamespaceSelector`.
+    pub target_namespace_selector: Option<LabelSelector>,
     /// Effective `downstreamResources` (a target's list replaces the Bundle's).
     pub downstream_resources: Vec<DownstreamResource>,
     /// Effective `keepResources`.
@@ -107,7 +111,7 @@ pub struct ResolvedTarget {
 }
 
 /// A cluster selected by a Bundle.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Match {
     /// Name of the Cluster.
     pub cluster: String,
@@ -128,6 +132,14 @@ pub fn resolve_target(spec: &BundleSpec, target: &BundleTarget) -> ResolvedTarge
             .default_namespace
             .clone()
             .or_else(|| spec.default_namespace.clone()),
+        target_namespaces: target
+            .target_namespaces
+            .clone()
+            .unwrap_or_else(|| spec.target_namespaces.clone()),
+        target_namespace_selector: target
+            .target_namespace_selector
+            .clone()
+            .or_else(|| spec.target_namespace_selector.clone()),
         downstream_resources: target
             .downstream_resources
             .clone()

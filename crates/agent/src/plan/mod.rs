@@ -218,6 +218,32 @@ fn seal_copy(
     Desired::seal(key, body, owner, keep, true)
 }
 
+/// An object of any kind copied from the hub (verified carrier content, see
+/// [`tender_types::copy::carried_body`]), in `namespace` (`None`: cluster-scoped), with
+/// ownership added. Compared like a manifest (field subset + content hash).
+pub fn carried_copy(
+    object: &Value,
+    entry: &CopiedResource,
+    namespace: Option<&str>,
+    owner: &Owner,
+    keep: bool,
+) -> Desired {
+    let mut body = tender_types::copy::carried_body(object);
+    match namespace {
+        Some(ns) => body["metadata"]["namespace"] = Value::String(ns.to_string()),
+        None => {
+            if let Some(meta) = body["metadata"].as_object_mut() {
+                meta.remove("namespace");
+            }
+        }
+    }
+    if let Some(source) = object["metadata"]["annotations"][labels::COPY_OF].as_str() {
+        body["metadata"]["annotations"][labels::COPY_OF] = Value::String(source.to_string());
+    }
+    let key = key(entry.api_version(), &entry.kind, namespace, &entry.name);
+    Desired::seal(key, body, owner, keep, false)
+}
+
 /// A manifest as applied downstream: namespace resolved (`namespaced` comes from discovery),
 /// ownership added. `Err` says why the manifest cannot be applied.
 pub fn manifest(
@@ -415,6 +441,7 @@ mod fixtures {
 
     pub(super) fn entry(kind: &str, name: &str) -> CopiedResource {
         CopiedResource {
+            api_version: None,
             kind: kind.into(),
             name: name.into(),
             copy_name: format!("app-{}-{name}-abcdef12", kind.to_lowercase()),

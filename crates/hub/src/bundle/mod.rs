@@ -77,7 +77,11 @@ struct ClusterWrites {
 async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     let ns = bundle.namespace().unwrap_or_default();
     let name = bundle.name_any();
-    let copy_enabled = ctx.config.copy_resources_downstream;
+    let copying = plan::Copying {
+        enabled: ctx.config.copy_resources_downstream,
+        allowed: ctx.config.copyable_kinds.clone(),
+    };
+    let copy_enabled = copying.enabled;
 
     // Index first, then read: a source change after this point always reaches us again.
     let refs = if copy_enabled {
@@ -88,7 +92,10 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     ctx.sources.set(
         &(ns.clone(), name.clone()),
         refs.iter()
-            .map(|(kind, source)| (ns.clone(), *kind, source.clone()))
+            .map(|(kind, source)| {
+                let source_ns = observe::source_namespace(ctx, &ns, kind);
+                (source_ns, kind.clone(), source.clone())
+            })
             .collect(),
     );
     let mut fetched = HashMap::new();
@@ -132,7 +139,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
         &views,
         &group_infos,
         &sources,
-        copy_enabled,
+        &copying,
     ) {
         // Never untarget on a selector we cannot evaluate: leave everything as it is.
         Err(error) => facts.targeting_error = Some(error.to_string()),
@@ -304,7 +311,7 @@ async fn write_cluster(
             ctx.hub.copies_skipped.inc();
             continue;
         }
-        let key = (copy.kind, copy.source.clone());
+        let key = (copy.source_kind.clone(), copy.source.clone());
         let Some(source) = observe::source_for_copy(ctx, &ns, &key, fetched).await? else {
             continue;
         };

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, ObjectMeta};
+use kube::api::{Api, DynamicObject, ObjectMeta};
 use kube::runtime::reflector::ObjectRef;
+use tender_types::copy::CopyableKind;
 use tender_types::{Bundle, BundleDeployment, ClusterGroup, SourceKind, hash, labels};
 
 use super::ops::{LiveCopy, SourceObject};
@@ -115,6 +116,15 @@ pub(crate) fn bundle_copies(
     out
 }
 
+/// The namespace a source of `kind` is read from: the Bundle's, or none for a cluster-scoped
+/// kind (`""`, as in the source index).
+pub(crate) fn source_namespace(ctx: &Ctx, bundle_ns: &str, kind: &CopyableKind) -> String {
+    match ctx.stores.carried(kind) {
+        Some(c) if !c.namespaced => String::new(),
+        _ => bundle_ns.to_string(),
+    }
+}
+
 /// State of one source: existence from the metadata cache, hash from a cache keyed by
 /// resourceVersion, and a GET only when the source changed since it was last hashed (the
 /// object read then is kept in `fetched` for the copies).
@@ -125,28 +135,35 @@ pub(crate) async fn source_state(
     fetched: &mut HashMap<SourceKey, SourceObject>,
 ) -> Result<SourceState, Error> {
     let (kind, name) = key;
-    let rv = match kind {
-        SourceKind::Secret => ctx
+    let ns = source_namespace(ctx, ns, kind);
+    let ns = ns.as_str();
+    let rv = match kind.source_kind() {
+        Some(SourceKind::Secret) => ctx
             .stores
             .source_secrets
             .get(&ObjectRef::new(name).within(ns))
             .map(|m| m.resource_version()),
-        SourceKind::ConfigMap => ctx
+        Some(SourceKind::ConfigMap) => ctx
             .stores
             .source_config_maps
             .get(&ObjectRef::new(name).within(ns))
             .map(|m| m.resource_version()),
+        None => ctx.stores.carried(kind).and_then(|c| {
+            let r = ObjectRef::new_with(name, c.resource.clone());
+            let r = if c.namespaced { r.within(ns) } else { r };
+            c.store.get(&r).map(|m| m.resource_version())
+        }),
     };
     let Some(rv) = rv else {
         return Ok(SourceState::Missing);
     };
-    let id = (ns.to_string(), *kind, name.clone());
+    let id = (ns.to_string(), kind.clone(), name.clone());
     if let Some((seen_rv, hash)) = ctx.source_hashes.lock().expect("lock").get(&id)
         && Some(seen_rv) == rv.as_ref()
     {
         return Ok(SourceState::Found { hash: hash.clone() });
     }
-    let Some((object, hash, rv)) = fetch_source(ctx, ns, *kind, name).await? else {
+    let Some((object, hash, rv)) = fetch_source(ctx, ns, kind, name).await? else {
         return Ok(SourceState::Missing);
     };
     ctx.source_hashes
@@ -157,16 +174,17 @@ pub(crate) async fn source_state(
     Ok(SourceState::Found { hash })
 }
 
-/// Reads one source in full, with its content hash and resourceVersion.
+/// Reads one source in full, with its content hash and resourceVersion (`ns` is already the
+/// source's namespace, empty for a cluster-scoped kind).
 pub(crate) async fn fetch_source(
     ctx: &Ctx,
     ns: &str,
-    kind: SourceKind,
+    kind: &CopyableKind,
     name: &str,
 ) -> Result<Option<(SourceObject, String, String)>, Error> {
     let action = format!("read {kind} {ns}/{name}");
-    Ok(match kind {
-        SourceKind::Secret => Api::<Secret>::namespaced(ctx.client.clone(), ns)
+    Ok(match kind.source_kind() {
+        Some(SourceKind::Secret) => Api::<Secret>::namespaced(ctx.client.clone(), ns)
             .get_opt(name)
             .await
             .map_err(|e| Error::kube(action, true, e))?
@@ -175,7 +193,7 @@ pub(crate) async fn fetch_source(
                 let rv = s.resource_version().unwrap_or_default();
                 (SourceObject::Secret(s), h, rv)
             }),
-        SourceKind::ConfigMap => Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
+        Some(SourceKind::ConfigMap) => Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
             .get_opt(name)
             .await
             .map_err(kube_err(action))?
@@ -184,6 +202,26 @@ pub(crate) async fn fetch_source(
                 let rv = c.resource_version().unwrap_or_default();
                 (SourceObject::ConfigMap(c), h, rv)
             }),
+        None => {
+            let Some(c) = ctx.stores.carried(kind) else {
+                return Ok(None);
+            };
+            let api: Api<DynamicObject> = if c.namespaced {
+                Api::namespaced_with(ctx.client.clone(), ns, &c.resource)
+            } else {
+                Api::all_with(ctx.client.clone(), &c.resource)
+            };
+            // Any kind may hold credentials: errors are redacted like a Secret's.
+            api.get_opt(name)
+                .await
+                .map_err(|e| Error::kube(action, true, e))?
+                .map(|o| {
+                    let rv = o.resource_version().unwrap_or_default();
+                    let value = serde_json::to_value(&o).unwrap_or_default();
+                    let h = hash::carried_hash(&value);
+                    (SourceObject::Carried(value), h, rv)
+                })
+        }
     })
 }
 
@@ -198,7 +236,8 @@ pub(crate) async fn source_for_copy(
     if let Some(s) = fetched.get(key) {
         return Ok(Some(s.clone()));
     }
-    Ok(fetch_source(ctx, ns, key.0, &key.1)
+    let ns = source_namespace(ctx, ns, &key.0);
+    Ok(fetch_source(ctx, &ns, &key.0, &key.1)
         .await?
         .map(|(s, _, _)| s))
 }

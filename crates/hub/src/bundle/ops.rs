@@ -25,6 +25,8 @@ pub(crate) enum SourceObject {
     Secret(Secret),
     /// A ConfigMap source.
     ConfigMap(ConfigMap),
+    /// A source of any other allowed kind, as JSON; it travels in a carrier Secret.
+    Carried(Value),
 }
 
 /// One copy that exists in a cluster namespace (from the metadata cache).
@@ -227,6 +229,46 @@ pub(crate) fn copy_op(
                 body_of(&obj),
             )
         }
+        SourceObject::Carried(object) => {
+            let carried = copy::carried_body(object);
+            let content_hash = hash::value_hash(&carried);
+            let mut labels = bd_labels.clone();
+            labels.insert(labels::CARRIER.into(), "true".into());
+            let annotations = BTreeMap::from([
+                (labels::CONTENT_HASH.to_string(), content_hash),
+                (
+                    labels::COPY_OF.to_string(),
+                    format!("{bundle_ns}/{}", copy.source),
+                ),
+                (
+                    labels::CARRIED_KIND.to_string(),
+                    copy.source_kind.to_string(),
+                ),
+            ]);
+            // The object's own labels stay inside the carried JSON: on the carrier they could
+            // make a selector on the hub match what must never live there.
+            let obj = Secret {
+                metadata: ObjectMeta {
+                    name: Some(copy.copy_name.clone()),
+                    namespace: Some(cluster_ns.to_string()),
+                    labels: Some(labels),
+                    annotations: Some(annotations),
+                    owner_references: Some(vec![owner.clone()]),
+                    ..Default::default()
+                },
+                type_: Some(labels::CARRIER_TYPE.to_string()),
+                data: Some(BTreeMap::from([(
+                    labels::CARRIER_KEY.to_string(),
+                    k8s_openapi::ByteString(hash::canonical_json(&carried).into_bytes()),
+                )])),
+                immutable: None,
+                string_data: None,
+            };
+            (
+                ObjectKey::of::<Secret>(Some(cluster_ns), &copy.copy_name),
+                body_of(&obj),
+            )
+        }
         SourceObject::ConfigMap(c) => {
             let obj = ConfigMap {
                 metadata: meta(&c.metadata, hash::config_map_hash(c)),
@@ -360,7 +402,7 @@ pub(crate) fn transition_events(
     const PROBLEMS: [&str; 5] = [
         reason::SOURCE_NOT_FOUND,
         reason::COPY_FEATURE_DISABLED,
-        reason::UNSUPPORTED_KIND,
+        reason::KIND_NOT_ALLOWED,
         reason::INVALID_SELECTOR,
         reason::NO_CLUSTERS_MATCHED,
     ];
@@ -376,7 +418,7 @@ pub(crate) fn transition_events(
         };
         // Source problems show on both conditions: report them once, from ResourcesCopied.
         let duplicate = t == TYPE_READY
-            && (after == reason::SOURCE_NOT_FOUND || after == reason::UNSUPPORTED_KIND);
+            && (after == reason::SOURCE_NOT_FOUND || after == reason::KIND_NOT_ALLOWED);
         if before.as_deref() != Some(after.as_str())
             && PROBLEMS.contains(&after.as_str())
             && !duplicate
@@ -418,6 +460,7 @@ mod tests {
     fn copy_of(source: &str) -> DesiredCopy {
         DesiredCopy {
             kind: SourceKind::Secret,
+            source_kind: tender_types::copy::CopyableKind::core(SourceKind::Secret),
             source: source.into(),
             copy_name: names::copy_name("app", "Secret", source),
             hash: "h1".into(),
@@ -686,5 +729,70 @@ mod tests {
         let ops = transition_events(&ObjectReference::default(), None, &new);
         assert_eq!(ops.len(), 1, "reported once, from ResourcesCopied");
         assert!(transition_events(&ObjectReference::default(), Some(&new), &new).is_empty());
+    }
+
+    #[test]
+    fn another_kind_travels_in_a_carrier_secret_with_its_content_hash() {
+        let policy = serde_json::json!({
+            "apiVersion": "kyverno.io/v1",
+            "kind": "ClusterPolicy",
+            "metadata": {"name": "p", "uid": "u1", "labels": {"team": "a"}},
+            "spec": {"rules": [{"name": "r"}]},
+            "status": {"ready": true},
+        });
+        let copy = DesiredCopy {
+            kind: SourceKind::Secret,
+            source_kind: tender_types::copy::CopyableKind::parse("kyverno.io/v1/ClusterPolicy")
+                .unwrap(),
+            source: "p".into(),
+            copy_name: "app-clusterpolicy-p-1234".into(),
+            hash: hash::carried_hash(&policy),
+        };
+        let owner = copy_owner("app", "bd-uid".into());
+        let bd_labels = owned_labels("ws", "app", "east", "cluster-ns");
+        let to = CopyTarget {
+            bundle_ns: "ws",
+            cluster_ns: "cluster-ns",
+            owner: &owner,
+            labels: &bd_labels,
+        };
+        let Op::Apply(apply) = copy_op(
+            &SourceObject::Carried(policy.clone()),
+            &copy,
+            &to,
+            None,
+            None,
+        ) else {
+            panic!("an apply");
+        };
+        assert_eq!(
+            apply.key,
+            ObjectKey::of::<Secret>(Some("cluster-ns"), &copy.copy_name)
+        );
+        let carrier: Secret = serde_json::from_value(apply.body).unwrap();
+        assert_eq!(carrier.type_.as_deref(), Some(labels::CARRIER_TYPE));
+        assert_eq!(
+            carrier.labels().get(labels::CARRIER).map(String::as_str),
+            Some("true")
+        );
+        assert_eq!(
+            carrier.labels().get("team"),
+            None,
+            "the object's labels stay inside"
+        );
+        assert_eq!(
+            carrier.annotations().get(labels::CONTENT_HASH),
+            Some(&copy.hash)
+        );
+        let data = carrier.data.unwrap();
+        let carried: Value = serde_json::from_slice(&data[labels::CARRIER_KEY].0).unwrap();
+        assert_eq!(
+            hash::value_hash(&carried),
+            copy.hash,
+            "the agent can verify it"
+        );
+        assert_eq!(carried["kind"], "ClusterPolicy");
+        assert!(carried.get("status").is_none());
+        assert!(carried["metadata"].get("uid").is_none());
     }
 }

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use tender_types::copy::CopyableKind;
 use tender_types::targeting::{self, ClusterInfo, GroupInfo, TargetingError};
 use tender_types::{
     BundleDeploymentOptions, BundleDeploymentSpec, BundleSpec, CopiedResource, DownstreamResource,
@@ -34,14 +35,37 @@ pub enum SourceState {
     Missing,
 }
 
-/// Key of a source in the Bundle's namespace.
-pub type SourceKey = (SourceKind, String);
+/// Key of a source in the Bundle's namespace (or of a cluster-scoped source): kind and name.
+pub type SourceKey = (CopyableKind, String);
+
+/// Whether copying is on, and which kinds the hub operator allows (`--copyable-kinds`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Copying {
+    /// The `EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM` gate.
+    pub enabled: bool,
+    /// Kinds `downstreamResources` may name.
+    pub allowed: Vec<CopyableKind>,
+}
+
+impl Copying {
+    /// Copying on or off, with the default kinds (Secret, ConfigMap).
+    pub fn defaults(enabled: bool) -> Self {
+        Self {
+            enabled,
+            allowed: CopyableKind::parse_list(tender_types::copy::DEFAULT_COPYABLE_KINDS)
+                .expect("defaults parse"),
+        }
+    }
+}
 
 /// One copy of a source into a cluster namespace.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DesiredCopy {
-    /// Kind of the source and the copy.
+    /// Kind of the object written on the hub: the source's own kind for Secrets and
+    /// ConfigMaps, `Secret` for the carrier of any other kind.
     pub kind: SourceKind,
+    /// Kind of the source.
+    pub source_kind: CopyableKind,
     /// Name of the source in the Bundle's namespace.
     pub source: String,
     /// Name of the copy in the cluster namespace ([`names::copy_name`]).
@@ -74,7 +98,7 @@ pub struct Plan {
     pub deployments: Vec<DesiredDeployment>,
     /// Missing sources that a matched cluster needs, as `Kind/name`.
     pub missing: BTreeSet<String>,
-    /// Entries with a kind tender cannot copy, as `Kind/name`.
+    /// Entries with a kind the hub operator does not allow, as `Kind/name`.
     pub unsupported: BTreeSet<String>,
     /// `downstreamResources` are set (for a matched cluster) but the copy feature is off.
     pub copy_disabled: bool,
@@ -93,8 +117,16 @@ pub fn referenced_sources(spec: &BundleSpec) -> BTreeSet<SourceKey> {
                 .filter_map(|t| t.downstream_resources.as_ref())
                 .flatten(),
         )
-        .filter_map(|r| Some((r.source_kind()?, r.name.clone())))
+        .map(|r| (entry_kind(r), r.name.clone()))
         .collect()
+}
+
+/// The kind an entry names.
+pub fn entry_kind(r: &DownstreamResource) -> CopyableKind {
+    CopyableKind {
+        api_version: r.api_version().to_string(),
+        kind: r.kind.clone(),
+    }
 }
 
 fn display(r: &DownstreamResource) -> String {
@@ -111,8 +143,9 @@ pub fn plan(
     clusters: &[ClusterView<'_>],
     groups: &[GroupInfo<'_>],
     sources: &BTreeMap<SourceKey, SourceState>,
-    copy_enabled: bool,
+    copying: &Copying,
 ) -> Result<Plan, TargetingError> {
+    let copy_enabled = copying.enabled;
     let infos: Vec<ClusterInfo<'_>> = clusters
         .iter()
         .map(|c| ClusterInfo {
@@ -139,16 +172,20 @@ pub fn plan(
         }
         if copy_enabled {
             for entry in &resolved.downstream_resources {
-                let Some(kind) = entry.source_kind() else {
+                let source_kind = entry_kind(entry);
+                if !copying.allowed.contains(&source_kind) {
                     plan.unsupported.insert(display(entry));
                     blocked = true;
                     continue;
-                };
-                match sources.get(&(kind, entry.name.clone())) {
+                }
+                // Any kind but a Secret/ConfigMap travels in a carrier Secret.
+                let kind = source_kind.source_kind().unwrap_or(SourceKind::Secret);
+                match sources.get(&(source_kind.clone(), entry.name.clone())) {
                     Some(SourceState::Found { hash }) => copies.push(DesiredCopy {
                         kind,
+                        source_kind: source_kind.clone(),
                         source: entry.name.clone(),
-                        copy_name: names::copy_name(bundle_name, kind.as_str(), &entry.name),
+                        copy_name: names::copy_name(bundle_name, &entry.kind, &entry.name),
                         hash: hash.clone(),
                     }),
                     Some(SourceState::Missing) | None => {
@@ -170,7 +207,9 @@ pub fn plan(
         let mut downstream: Vec<CopiedResource> = copies
             .iter()
             .map(|c| CopiedResource {
-                kind: c.kind.as_str().to_string(),
+                api_version: (c.source_kind.source_kind().is_none())
+                    .then(|| c.source_kind.api_version.clone()),
+                kind: c.source_kind.kind.clone(),
                 name: c.source.clone(),
                 copy_name: c.copy_name.clone(),
                 hash: c.hash.clone(),
@@ -181,6 +220,8 @@ pub fn plan(
             default_namespace: namespaces::default_namespace(resolved.default_namespace.as_deref())
                 .to_string(),
             target_namespace: resolved.target_namespace.clone(),
+            target_namespaces: resolved.target_namespaces.clone(),
+            target_namespace_selector: resolved.target_namespace_selector.clone(),
             keep_resources: resolved.keep_resources,
             take_ownership: spec.take_ownership,
             correct_drift: spec.correct_drift_enabled(),
@@ -298,8 +339,14 @@ mod tests {
 
     fn all_sources() -> BTreeMap<SourceKey, SourceState> {
         BTreeMap::from([
-            ((SourceKind::Secret, "creds".into()), found("h1")),
-            ((SourceKind::ConfigMap, "conf".into()), found("h2")),
+            (
+                (CopyableKind::core(SourceKind::Secret), "creds".into()),
+                found("h1"),
+            ),
+            (
+                (CopyableKind::core(SourceKind::ConfigMap), "conf".into()),
+                found("h2"),
+            ),
         ])
     }
 
@@ -307,7 +354,15 @@ mod tests {
     fn selector_targets_matching_clusters_with_copies() {
         let world = World::new(6);
         let spec = spec_with_selector(selector(&[("env", "prod")]));
-        let plan = plan("app", &spec, &world.views(), &[], &all_sources(), true).unwrap();
+        let plan = plan(
+            "app",
+            &spec,
+            &world.views(),
+            &[],
+            &all_sources(),
+            &Copying::defaults(true),
+        )
+        .unwrap();
         assert_eq!(plan.matched, ["c0", "c2", "c4"]);
         assert_eq!(plan.deployments.len(), 3);
         assert_eq!(plan.copies, 6);
@@ -341,10 +396,29 @@ mod tests {
     fn rotation_changes_deployment_id_only() {
         let world = World::new(2);
         let spec = spec_with_selector(LabelSelector::default());
-        let before = plan("app", &spec, &world.views(), &[], &all_sources(), true).unwrap();
+        let before = plan(
+            "app",
+            &spec,
+            &world.views(),
+            &[],
+            &all_sources(),
+            &Copying::defaults(true),
+        )
+        .unwrap();
         let mut rotated = all_sources();
-        rotated.insert((SourceKind::Secret, "creds".into()), found("h1-new"));
-        let after = plan("app", &spec, &world.views(), &[], &rotated, true).unwrap();
+        rotated.insert(
+            (CopyableKind::core(SourceKind::Secret), "creds".into()),
+            found("h1-new"),
+        );
+        let after = plan(
+            "app",
+            &spec,
+            &world.views(),
+            &[],
+            &rotated,
+            &Copying::defaults(true),
+        )
+        .unwrap();
         let (b, a) = (
             before.deployments[0].spec.as_ref().unwrap(),
             after.deployments[0].spec.as_ref().unwrap(),
@@ -373,10 +447,24 @@ mod tests {
             },
         ];
         let sources = BTreeMap::from([
-            ((SourceKind::Secret, "creds".into()), SourceState::Missing),
-            ((SourceKind::ConfigMap, "conf".into()), found("h2")),
+            (
+                (CopyableKind::core(SourceKind::Secret), "creds".into()),
+                SourceState::Missing,
+            ),
+            (
+                (CopyableKind::core(SourceKind::ConfigMap), "conf".into()),
+                found("h2"),
+            ),
         ]);
-        let plan = plan("app", &spec, &world.views(), &[], &sources, true).unwrap();
+        let plan = plan(
+            "app",
+            &spec,
+            &world.views(),
+            &[],
+            &sources,
+            &Copying::defaults(true),
+        )
+        .unwrap();
         assert_eq!(plan.missing, BTreeSet::from(["Secret/creds".to_string()]));
         assert!(plan.deployments[0].spec.is_some(), "c0 only needs conf");
         assert!(
@@ -390,7 +478,15 @@ mod tests {
     fn gate_off_writes_deployments_without_copies() {
         let world = World::new(2);
         let spec = spec_with_selector(LabelSelector::default());
-        let plan = plan("app", &spec, &world.views(), &[], &BTreeMap::new(), false).unwrap();
+        let plan = plan(
+            "app",
+            &spec,
+            &world.views(),
+            &[],
+            &BTreeMap::new(),
+            &Copying::defaults(false),
+        )
+        .unwrap();
         assert!(plan.copy_disabled);
         assert!(plan.missing.is_empty(), "sources are not even looked at");
         assert_eq!(plan.copies, 0);
@@ -437,7 +533,15 @@ mod tests {
         ];
         let mut views = world.views();
         views[1].namespace = None;
-        let plan = plan("app", &spec, &views, &groups, &BTreeMap::new(), true).unwrap();
+        let plan = plan(
+            "app",
+            &spec,
+            &views,
+            &groups,
+            &BTreeMap::new(),
+            &Copying::defaults(true),
+        )
+        .unwrap();
         assert_eq!(plan.matched, ["c1", "c3"]);
         assert_eq!(plan.deployments.len(), 1, "c1 waits for its namespace");
         assert_eq!(plan.deployments[0].cluster, "c3");
@@ -458,9 +562,13 @@ mod tests {
         assert_eq!(
             refs,
             BTreeSet::from([
-                (SourceKind::Secret, "creds".to_string()),
-                (SourceKind::ConfigMap, "conf".to_string()),
-                (SourceKind::Secret, "other".to_string()),
+                (CopyableKind::core(SourceKind::Secret), "creds".to_string()),
+                (
+                    CopyableKind::core(SourceKind::ConfigMap),
+                    "conf".to_string()
+                ),
+                (CopyableKind::core(SourceKind::Secret), "other".to_string()),
+                (CopyableKind::parse("v1/Pod").unwrap(), "p".to_string()),
             ])
         );
     }
@@ -478,7 +586,17 @@ mod tests {
             ]),
             ..Default::default()
         });
-        assert!(plan("app", &spec, &world.views(), &[], &BTreeMap::new(), true).is_err());
+        assert!(
+            plan(
+                "app",
+                &spec,
+                &world.views(),
+                &[],
+                &BTreeMap::new(),
+                &Copying::defaults(true)
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -507,5 +625,85 @@ mod tests {
             serde_json::json!({"f:data": {"f:k": {}}}),
         ));
         assert!(edited_by_others(&meta));
+    }
+
+    #[test]
+    fn a_kind_not_allowed_blocks_its_clusters_and_an_allowed_one_is_carried() {
+        let world = World::new(1);
+        let policy = DownstreamResource {
+            api_version: Some("kyverno.io/v1".into()),
+            kind: "ClusterPolicy".into(),
+            name: "require-labels".into(),
+        };
+        let mut spec = spec_with_selector(LabelSelector::default());
+        spec.downstream_resources = vec![policy.clone()];
+        let kind = CopyableKind::parse("kyverno.io/v1/ClusterPolicy").unwrap();
+        let sources = BTreeMap::from([((kind.clone(), "require-labels".to_string()), found("hp"))]);
+
+        let refused = plan(
+            "app",
+            &spec,
+            &world.views(),
+            &[],
+            &sources,
+            &Copying::defaults(true),
+        )
+        .unwrap();
+        assert_eq!(
+            refused.unsupported,
+            BTreeSet::from(["ClusterPolicy/require-labels".to_string()])
+        );
+        assert_eq!(refused.deployments[0].spec, None, "nothing is written");
+
+        let mut copying = Copying::defaults(true);
+        copying.allowed.push(kind.clone());
+        let allowed = plan("app", &spec, &world.views(), &[], &sources, &copying).unwrap();
+        assert!(allowed.unsupported.is_empty());
+        let d = &allowed.deployments[0];
+        assert_eq!(d.copies.len(), 1);
+        assert_eq!(d.copies[0].kind, SourceKind::Secret, "carried in a Secret");
+        assert_eq!(d.copies[0].source_kind, kind);
+        let entry = &d.spec.as_ref().unwrap().options.downstream_resources[0];
+        assert_eq!(entry.api_version.as_deref(), Some("kyverno.io/v1"));
+        assert_eq!(entry.kind, "ClusterPolicy");
+        assert_eq!(entry.hash, "hp");
+        assert!(entry.is_carried());
+    }
+
+    #[test]
+    fn fan_out_options_follow_the_target_overrides() {
+        let world = World::new(2);
+        let mut spec = spec_with_selector(selector(&[("env", "prod")]));
+        spec.target_namespaces = vec!["a".into(), "b".into()];
+        spec.targets.push(BundleTarget {
+            cluster_name: Some("c1".into()),
+            target_namespace_selector: Some(selector(&[("team", "x")])),
+            target_namespaces: Some(vec![]),
+            ..Default::default()
+        });
+        let plan = plan(
+            "app",
+            &spec,
+            &world.views(),
+            &[],
+            &all_sources(),
+            &Copying::defaults(true),
+        )
+        .unwrap();
+        let opts = |c: &str| {
+            plan.deployments
+                .iter()
+                .find(|d| d.cluster == c)
+                .and_then(|d| d.spec.clone())
+                .unwrap()
+                .options
+        };
+        assert_eq!(opts("c0").target_namespaces, ["a", "b"]);
+        assert_eq!(opts("c0").target_namespace_selector, None);
+        assert!(opts("c1").target_namespaces.is_empty());
+        assert_eq!(
+            opts("c1").target_namespace_selector,
+            Some(selector(&[("team", "x")]))
+        );
     }
 }

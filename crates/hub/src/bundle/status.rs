@@ -150,9 +150,9 @@ pub fn bundle_status(
     } else if !facts.unsupported.is_empty() {
         (
             false,
-            reason::UNSUPPORTED_KIND,
+            reason::KIND_NOT_ALLOWED,
             format!(
-                "only Secret and ConfigMap can be copied: {}",
+                "kind not allowed by the hub operator (--copyable-kinds): {}; nothing is written for the clusters that need them",
                 facts.unsupported.join(", ")
             ),
         )
@@ -197,7 +197,7 @@ pub fn bundle_status(
             "no target selects any Cluster in this namespace".to_string(),
             "NoClusters",
         )
-    } else if copy_reason == reason::SOURCE_NOT_FOUND || copy_reason == reason::UNSUPPORTED_KIND {
+    } else if copy_reason == reason::SOURCE_NOT_FOUND || copy_reason == reason::KIND_NOT_ALLOWED {
         (false, copy_reason, copy_message.clone(), "SourceNotFound")
     } else if facts.paused {
         (
