@@ -104,6 +104,26 @@ pub struct BundleReport {
     pub bundle: BundleRow,
     /// One row per targeted cluster (per BundleDeployment), by cluster name.
     pub clusters: Vec<TargetRow>,
+    /// Reverse sync: which cluster published which `upstreamResources` entry (from the
+    /// Bundle's status), by cluster and object.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<UpstreamRow>,
+}
+
+/// One cluster's publication of one `upstreamResources` entry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamRow {
+    /// Cluster name.
+    pub cluster: String,
+    /// The downstream object, `Kind namespace/name`.
+    pub object: String,
+    /// Name of the published object in the Bundle's namespace.
+    pub published: String,
+    /// Published, Pending, Missing, Rejected, Stale or Conflict.
+    pub state: String,
+    /// Why it is not Published (never Secret data); for Stale, since when.
+    pub message: String,
 }
 
 /// One targeted cluster of a Bundle: its BundleDeployment's state.
@@ -210,10 +230,30 @@ pub fn bundle_report(
         })
         .collect();
     clusters.sort_by(|a, b| (&a.cluster, &a.namespace).cmp(&(&b.cluster, &b.namespace)));
+    let mut upstream: Vec<UpstreamRow> = bundle
+        .status
+        .iter()
+        .flat_map(|s| s.upstream.iter())
+        .map(|p| {
+            let stale = p
+                .stale_since
+                .as_ref()
+                .map(|t| format!("stale since {}", t.0));
+            UpstreamRow {
+                cluster: p.cluster.clone(),
+                object: format!("{} {}/{}", p.kind, p.namespace, p.name),
+                published: p.published_name.clone(),
+                state: p.state.as_str().to_string(),
+                message: p.message.clone().or(stale).unwrap_or_default(),
+            }
+        })
+        .collect();
+    upstream.sort_by(|a, b| (&a.cluster, &a.object).cmp(&(&b.cluster, &b.object)));
     BundleReport {
         workspace: workspace.to_string(),
         bundle: bundle_row(bundle),
         clusters,
+        upstream,
     }
 }
 
@@ -329,6 +369,26 @@ pub fn render_bundle_table(report: &BundleReport) -> String {
         &["CLUSTER", "STATE", "READY", "REASON", "MESSAGE"],
         &rows,
     ));
+    if !report.upstream.is_empty() {
+        let rows: Vec<Vec<String>> = report
+            .upstream
+            .iter()
+            .map(|u| {
+                vec![
+                    u.cluster.clone(),
+                    u.object.clone(),
+                    u.published.clone(),
+                    u.state.clone(),
+                    u.message.clone(),
+                ]
+            })
+            .collect();
+        out.push_str("\nPublished upstream (reverse sync):\n");
+        out.push_str(&table(
+            &["CLUSTER", "OBJECT", "PUBLISHED-AS", "STATE", "MESSAGE"],
+            &rows,
+        ));
+    }
     out
 }
 
@@ -617,5 +677,63 @@ mod tests {
                 && l.contains("KubeconfigExecNotAllowed")),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_bundle_report_lists_what_clusters_published_upstream() {
+        use tender_types::upstream::{UpstreamPublication, UpstreamState};
+        let mut b = bundle("peering", "2/2", Some(cond("True", "Ready", "")));
+        let status = b.status.as_mut().unwrap();
+        status.upstream = vec![
+            UpstreamPublication {
+                cluster: "west".into(),
+                kind: "Secret".into(),
+                namespace: "net".into(),
+                name: "peering-request".into(),
+                published_name: "peering-west-peering-request".into(),
+                state: UpstreamState::Stale,
+                stale_since: Some(Time(Timestamp::UNIX_EPOCH)),
+                ..Default::default()
+            },
+            UpstreamPublication {
+                cluster: "east".into(),
+                kind: "Secret".into(),
+                namespace: "net".into(),
+                name: "peering-request".into(),
+                published_name: "peering-east-peering-request".into(),
+                state: UpstreamState::Published,
+                ..Default::default()
+            },
+        ];
+        let report = bundle_report("ws", &b, &[deployment("east", Some("Ready"), None)]);
+        let text = render_bundle_table(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("Published upstream"))
+            .expect(&text);
+        assert!(lines[at + 1].starts_with("CLUSTER   OBJECT"), "{text}");
+        assert!(
+            lines[at + 2].starts_with("east") && lines[at + 2].contains("Published"),
+            "{text}"
+        );
+        assert!(
+            lines[at + 3].starts_with("west") && lines[at + 3].contains("stale since"),
+            "{text}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&render(&report, Output::Json, render_bundle_table).unwrap())
+                .unwrap();
+        assert_eq!(
+            v["upstream"][0]["published"],
+            "peering-east-peering-request"
+        );
+        // Nothing published: no section and no empty list.
+        let plain = bundle_report("ws", &bundle("web", "1/1", None), &[]);
+        assert!(!render_bundle_table(&plain).contains("Published upstream"));
+        let v: serde_json::Value =
+            serde_json::from_str(&render(&plain, Output::Json, render_bundle_table).unwrap())
+                .unwrap();
+        assert!(v.get("upstream").is_none());
     }
 }
