@@ -726,6 +726,92 @@ async fn hub_as_its_own_downstream_copies_namespace_to_namespace() {
     .await;
 }
 
+/// Namespace to namespace on one cluster, at its most dangerous: the Bundle's target is the
+/// workspace itself, so every copy would land on its own source. Sources are never claimed,
+/// overwritten or deleted: the copies are Conflicts, and deleting the Bundle leaves them.
+#[tokio::test]
+async fn a_source_is_never_overwritten_or_deleted_namespace_to_namespace() {
+    let ws = Workspace::new(shared_env(2).await, "agent-self-guard").await;
+    let local = ws.agent("local", HUB).await;
+    ws.source_secret("db-creds", &[("password", "source")])
+        .await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let secrets = Api::<Secret>::namespaced(ws.hub.clone(), &ws.ns);
+    let config_maps = Api::<ConfigMap>::namespaced(ws.hub.clone(), &ws.ns);
+    let before = (
+        secrets.get("db-creds").await.unwrap(),
+        config_maps.get("app-config").await.unwrap(),
+    );
+    ws.bundle("app", app_bundle(&["local"], &ws.ns, false))
+        .await;
+
+    let bds = ws.bds("local");
+    eventually("both copies reported as Conflicts", WAIT, || async {
+        let bd = bds.get_opt("app").await?;
+        Ok::<_, kube::Error>(bd.filter(|bd| {
+            let conflicts: Vec<&str> = bd
+                .status
+                .iter()
+                .flat_map(|s| &s.resources)
+                .filter(|r| r.state == ObjectState::Conflict)
+                .map(|r| r.name.as_str())
+                .collect();
+            conflicts.contains(&"db-creds") && conflicts.contains(&"app-config")
+        }))
+    })
+    .await;
+    let unchanged = |what: &str| {
+        format!("the source {what} is exactly as its owner left it (uid, resourceVersion, data)")
+    };
+    let same_secret = |s: &Secret| {
+        s.metadata.uid == before.0.metadata.uid
+            && s.metadata.resource_version == before.0.metadata.resource_version
+            && secret_value(s, "password").as_deref() == Some("source")
+            && !s.annotations().contains_key(labels::OWNER_ANNOTATION)
+    };
+    let same_config_map = |c: &ConfigMap| {
+        c.metadata.uid == before.1.metadata.uid
+            && c.metadata.resource_version == before.1.metadata.resource_version
+    };
+    assert!(
+        same_secret(&secrets.get("db-creds").await.unwrap()),
+        "{}",
+        unchanged("Secret")
+    );
+    assert!(
+        same_config_map(&config_maps.get("app-config").await.unwrap()),
+        "{}",
+        unchanged("ConfigMap")
+    );
+    assert_eq!(
+        (
+            local.handle().metrics.writes_of("apply", "Secret"),
+            local.handle().metrics.writes_of("delete", "Secret"),
+        ),
+        (0, 0),
+        "the agent wrote no Secret at all"
+    );
+
+    ws.delete_bundle("app").await;
+    wait_gone(
+        &bds,
+        "app",
+        "the BundleDeployment after the Bundle's deletion",
+    )
+    .await;
+    assert!(
+        same_secret(&secrets.get("db-creds").await.unwrap()),
+        "{}",
+        unchanged("Secret")
+    );
+    assert!(
+        same_config_map(&config_maps.get("app-config").await.unwrap()),
+        "{}",
+        unchanged("ConfigMap")
+    );
+}
+
 #[tokio::test]
 async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
     let ws = Workspace::new(shared_env(2).await, "agent-sweep").await;
