@@ -642,3 +642,75 @@ async fn push_scale() {
         (rss1 as f64 - rss0 as f64) / 1048576.0 / n as f64,
     );
 }
+
+/// Reverse sync (issue 11) through a push cluster: the in-hub agent publishes a downstream
+/// Secret on the hub, follows its changes and its deletion, like a pulled agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reverse_sync_works_for_a_push_cluster() {
+    let (ws, _hub) = push_workspace("push-upstream").await;
+    let env = ws.env;
+    let downstream = downstream_name(2);
+    let down = ws.downstream(&downstream).await;
+    let ns = unique_name("vpc");
+    fixture::create_namespace(&down, &ns).await;
+    let requests = Api::<Secret>::namespaced(down.clone(), &ns);
+    let put = |value: &'static str| {
+        let requests = requests.clone();
+        async move {
+            let s = fixture::secret("peering-request", &[("vpcId", value)]);
+            requests
+                .patch(
+                    "peering-request",
+                    &PatchParams::apply("e2e").force(),
+                    &Patch::Apply(&s),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    put("vpc-edge-1").await;
+    kubeconfig_secret(
+        &ws,
+        "edge-kubeconfig",
+        &env.kubeconfig_as(&downstream, ADMIN_USER),
+    )
+    .await;
+    push_cluster(&ws, "edge", "edge-kubeconfig").await;
+    ws.bundle(
+        "vpc",
+        json!({
+            "targets": [{"clusterName": "edge"}],
+            "defaultNamespace": ns,
+            "upstreamResources": [{"kind": "Secret", "name": "peering-request"}],
+        }),
+    )
+    .await;
+
+    let published = names::upstream_name("vpc", "edge", "peering-request");
+    let on_hub = Api::<Secret>::namespaced(ws.hub.clone(), &ws.ns);
+    wait_secret(
+        &ws.hub,
+        &ws.ns,
+        &published,
+        "the push cluster's request published",
+        |s| secret_value(s, "vpcId").as_deref() == Some("vpc-edge-1"),
+    )
+    .await;
+    put("vpc-edge-2").await;
+    wait_secret(&ws.hub, &ws.ns, &published, "its change published", |s| {
+        secret_value(s, "vpcId").as_deref() == Some("vpc-edge-2")
+    })
+    .await;
+    requests
+        .delete("peering-request", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the publication removed after the downstream deletion",
+        WAIT,
+        || async {
+            Ok::<_, kube::Error>(on_hub.get_opt(&published).await?.is_none().then_some(()))
+        },
+    )
+    .await;
+}
