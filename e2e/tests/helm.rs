@@ -156,7 +156,7 @@ async fn repo() -> Repo {
 async fn helm_agent(ws: &Workspace, cluster: &str) -> Agent {
     let helm: PathBuf = ensure_helm().expect("building helm");
     let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(0), |c| {
+    ws.agent_configured(cluster, &downstream_name(1), |c| {
         c.helm_path = helm;
         c.chart_cache_dir = cache;
     })
