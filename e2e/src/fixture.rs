@@ -140,6 +140,29 @@ impl Workspace {
         self.agent_with(cluster, downstream, down).await
     }
 
+    /// Like [`agent`](Self::agent), with `configure` applied to the agent's configuration
+    /// (e.g. the helm binary).
+    pub async fn agent_configured(
+        &self,
+        cluster: &str,
+        downstream: &str,
+        configure: impl FnOnce(&mut AgentConfig),
+    ) -> Agent {
+        let down = self.env.kubeconfig_as(downstream, ADMIN_USER);
+        let (kubeconfig, mut config) = self.register(cluster).await;
+        configure(&mut config);
+        let handle = start_agent_with(&kubeconfig, &down, config.clone())
+            .await
+            .unwrap();
+        Agent {
+            kubeconfig,
+            downstream_kubeconfig: down,
+            config,
+            downstream: downstream.to_string(),
+            handle: Some(handle),
+        }
+    }
+
     async fn agent_with(&self, cluster: &str, downstream: &str, down: String) -> Agent {
         let (kubeconfig, config) = self.register(cluster).await;
         let handle = start_agent_with(&kubeconfig, &down, config.clone())

@@ -33,6 +33,10 @@ pub struct AgentConfig {
     pub identity: String,
     /// How many BundleDeployments are deployed at once.
     pub concurrency: u16,
+    /// The `helm` binary that renders `spec.helm` charts (`helm template`).
+    pub helm_path: std::path::PathBuf,
+    /// Where chart archives are cached by digest (charts only, never values or credentials).
+    pub chart_cache_dir: std::path::PathBuf,
 }
 
 impl AgentConfig {
@@ -53,6 +57,8 @@ impl AgentConfig {
             cluster_status_interval: DEFAULT_CLUSTER_STATUS_INTERVAL,
             identity: "tender-agent".to_string(),
             concurrency: 4,
+            helm_path: "helm".into(),
+            chart_cache_dir: std::env::temp_dir().join("tender-charts"),
         }
     }
 }

@@ -35,6 +35,8 @@ pub(crate) struct Context {
     pub(crate) inventory: Inventory,
     pub(crate) copies: HubCopies,
     pub(crate) drift: DriftWatches,
+    /// Helm charts: fetch, cache, render.
+    pub(crate) charts: crate::helm::Charts,
     /// Downstream namespaces (metadata), for fan-out by `targetNamespaceSelector`.
     pub(crate) namespaces: Store<PartialObjectMeta<Namespace>>,
     pub(crate) config: AgentConfig,
@@ -79,6 +81,10 @@ impl Context {
             ),
             drift: DriftWatches::new(downstream.clone(), ns, trigger, down_writer.clone()),
             down: Downstream::new(downstream),
+            charts: crate::helm::Charts::new(
+                config.helm_path.clone(),
+                config.chart_cache_dir.clone(),
+            ),
             down_writer,
             hub_writer,
             copies,

@@ -82,6 +82,34 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     for m in &spec.resources {
         manifests.extend(plan_manifest(ctx, m, opts, manifest_namespaces.as_ref(), &owner).await);
     }
+    // The chart's objects follow the inline manifests through the same path; a chart that
+    // cannot be rendered is one Error entry, which blocks pruning (nothing deployed goes away).
+    let chart_from = manifests.len();
+    if let Some(helm) = &spec.helm {
+        let release = helm.release_name_or(&name);
+        match ctx
+            .charts
+            .render(&ctx.down, &name, helm, &copies_ns, &copies)
+            .await
+        {
+            Ok(objects) => {
+                for m in &objects {
+                    manifests.extend(
+                        plan_manifest(ctx, m, opts, manifest_namespaces.as_ref(), &owner).await,
+                    );
+                }
+            }
+            Err(failure) => {
+                tracing::warn!(bundle_deployment = %name, reason = failure.reason, "chart not rendered");
+                let key = crate::helm::chart_key(helm, release, &copies_ns);
+                manifests.push(Err(status::object(
+                    &key,
+                    ObjectState::Error,
+                    Some(failure.to_string()),
+                )));
+            }
+        }
+    }
     let desired_keys: Vec<ObjectRef> = copies
         .iter()
         .chain(&manifests)
@@ -155,7 +183,12 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     }
     let in_place = |s: &ObjectStatus| s.state.is_in_place();
     let copies_in_place = outcome.copies.iter().all(in_place);
-    for (p, state) in manifests.iter().zip(manifest_states) {
+    let chart_mode = Mode {
+        take_ownership: mode.take_ownership || spec.helm.as_ref().is_some_and(|h| h.take_ownership),
+        ..mode
+    };
+    for (i, (p, state)) in manifests.iter().zip(manifest_states).enumerate() {
+        let mode = if i >= chart_from { chart_mode } else { mode };
         let s = match (state, p) {
             (Some(s), _) => s,
             (None, Err(s)) => s.clone(),

@@ -53,6 +53,7 @@ mod deploy;
 mod downstream;
 mod drift;
 mod heartbeat;
+pub mod helm;
 mod inventory;
 pub mod metrics;
 mod namespaces;

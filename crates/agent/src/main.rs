@@ -45,6 +45,12 @@ struct Args {
     /// Lease holder identity (the pod name).
     #[arg(long, env = "POD_NAME", default_value = "tender-agent")]
     identity: String,
+    /// The helm binary that renders `spec.helm` charts (`helm template`).
+    #[arg(long, env = "TENDER_HELM_PATH", default_value = "helm")]
+    helm_path: std::path::PathBuf,
+    /// Directory caching chart archives by digest (charts only; default: a temp directory).
+    #[arg(long, env = "TENDER_CHART_CACHE_DIR")]
+    chart_cache_dir: Option<std::path::PathBuf>,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "TENDER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: SocketAddr,
@@ -77,6 +83,10 @@ async fn main() -> anyhow::Result<()> {
     config.heartbeat_interval = Duration::from_secs(args.heartbeat_seconds.max(1));
     config.cluster_status_interval = Duration::from_secs(args.cluster_status_seconds);
     config.identity = args.identity;
+    config.helm_path = args.helm_path;
+    if let Some(dir) = args.chart_cache_dir {
+        config.chart_cache_dir = dir;
+    }
 
     let metrics = AgentMetrics::register(Metrics::new());
     let user_agent = format!("tender-agent/{}", tender_agent::VERSION);

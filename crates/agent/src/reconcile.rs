@@ -23,7 +23,10 @@ pub(crate) async fn reconcile(bd: Arc<BundleDeployment>, ctx: Arc<Context>) -> R
     let action = finalizer(&ctx.bds, AGENT_CLEANUP_FINALIZER, bd, |event| async {
         match event {
             Event::Apply(bd) => deploy::deploy(&bd, &ctx).await,
-            Event::Cleanup(bd) => cleanup::finalize(&bd, &ctx).await,
+            Event::Cleanup(bd) => {
+                ctx.charts.forget(&bd.name_any());
+                cleanup::finalize(&bd, &ctx).await
+            }
         }
     })
     .await

@@ -85,6 +85,31 @@ fn short(id: &str) -> &str {
     &id[..id.len().min(12)]
 }
 
+/// Reasons an object's error message may start with (`Reason: ...`), which then become the
+/// `Deployed` reason instead of `ApplyFailed`: a chart that cannot be rendered.
+const SPECIFIC_ERRORS: [&str; 6] = [
+    reason::CHART_REPOSITORY_UNREACHABLE,
+    reason::CHART_AUTH_FAILED,
+    reason::CHART_VERSION_NOT_FOUND,
+    reason::CHART_RENDER_FAILED,
+    reason::VALUES_FROM_MISSING,
+    reason::VALUES_INVALID,
+];
+
+fn error_reason(errors: &[&ObjectStatus]) -> &'static str {
+    errors
+        .iter()
+        .filter_map(|s| s.message.as_deref())
+        .find_map(|m| {
+            SPECIFIC_ERRORS.iter().find(|r| {
+                m.strip_prefix(**r)
+                    .is_some_and(|rest| rest.starts_with(':'))
+            })
+        })
+        .copied()
+        .unwrap_or(reason::APPLY_FAILED)
+}
+
 /// The status to write, starting from `prev` (conditions keep their transition times).
 pub fn compute(
     prev: Option<&BundleDeploymentStatus>,
@@ -206,7 +231,7 @@ pub fn compute(
             "waiting for every copy to be in place before applying manifests".to_string(),
         )
     } else if !errors.is_empty() {
-        (reason::APPLY_FAILED, summarize(&errors))
+        (error_reason(&errors), summarize(&errors))
     } else {
         (
             reason::WAIT_APPLIED,

@@ -84,6 +84,10 @@ pub struct BundleSpec {
     #[schemars(length(max = 256))]
     pub resources: Vec<Manifest>,
 
+    /// A Helm chart rendered on every targeted cluster (values may come from copies) and deployed like `resources`; a Bundle may have both. See docs/helm.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helm: Option<crate::helm::HelmOptions>,
+
     /// Leave deployed objects and copies in place (without tender's labels) when they are no longer targeted or the Bundle is deleted.
     #[serde(default)]
     pub keep_resources: bool,

@@ -119,6 +119,10 @@ pub struct BundleDeploymentSpec {
     /// Manifests to apply downstream, in order, after every copy is in place.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resources: Vec<Manifest>,
+
+    /// The Bundle's Helm chart, rendered by the agent; its objects are deployed after the copies, like `resources`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helm: Option<crate::helm::HelmOptions>,
 }
 
 /// Options of a Bundle, resolved for one cluster (target overrides applied).

@@ -52,6 +52,18 @@ pub mod reason {
     pub const KIND_NOT_ALLOWED: &str = "KindNotAllowed";
     /// A copied object's kind is not installed on the downstream cluster (no such API there).
     pub const KIND_NOT_INSTALLED: &str = "KindNotInstalled";
+    /// The chart repository or registry could not be reached, or has no such chart (404).
+    pub const CHART_REPOSITORY_UNREACHABLE: &str = "ChartRepositoryUnreachable";
+    /// The chart repository or registry refused the credentials (401/403).
+    pub const CHART_AUTH_FAILED: &str = "ChartAuthFailed";
+    /// No chart version matches `helm.version`.
+    pub const CHART_VERSION_NOT_FOUND: &str = "ChartVersionNotFound";
+    /// `helm template` failed (its message, never the values).
+    pub const CHART_RENDER_FAILED: &str = "ChartRenderFailed";
+    /// A `valuesFrom` object or key (or the `helmSecretName` Secret) is missing downstream.
+    pub const VALUES_FROM_MISSING: &str = "ValuesFromMissing";
+    /// A `valuesFrom` key does not hold a YAML map.
+    pub const VALUES_INVALID: &str = "ValuesInvalid";
     /// No target of the Bundle selects any cluster.
     pub const NO_CLUSTERS_MATCHED: &str = "NoClustersMatched";
     /// A label selector in a target or group is invalid.

@@ -132,6 +132,22 @@ pub fn deployment_id(resources: &[Manifest], options: &BundleDeploymentOptions) 
     value_hash(&json!({ "resources": manifests, "options": options }))
 }
 
+/// [`deployment_id`] of a deployment that may carry a Helm chart: without one it is exactly
+/// [`deployment_id`] (existing deployments keep their ID); with one, the chart options are
+/// hashed too (the copies feeding `valuesFrom` already are, through `options`).
+pub fn deployment_id_with_helm(
+    resources: &[Manifest],
+    options: &BundleDeploymentOptions,
+    helm: Option<&crate::helm::HelmOptions>,
+) -> String {
+    let Some(helm) = helm else {
+        return deployment_id(resources, options);
+    };
+    let base = deployment_id(resources, options);
+    let helm = serde_json::to_value(helm).expect("helm options serialize to JSON");
+    value_hash(&json!({ "base": base, "helm": helm }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,5 +308,26 @@ mod tests {
         assert_ne!(id, deployment_id(&resources, &keep));
         assert_ne!(id, deployment_id(&[], &options));
         assert_ne!(manifests_hash(&resources), manifests_hash(&[]));
+    }
+
+    #[test]
+    fn deployment_id_with_helm_tracks_the_chart() {
+        let options = BundleDeploymentOptions::default();
+        let plain = deployment_id(&[], &options);
+        assert_eq!(plain, deployment_id_with_helm(&[], &options, None));
+        let helm = crate::helm::HelmOptions {
+            chart: "app".into(),
+            repo: Some("http://r".into()),
+            version: Some("1.0.0".into()),
+            ..Default::default()
+        };
+        let with = deployment_id_with_helm(&[], &options, Some(&helm));
+        assert_ne!(plain, with);
+        let mut upgraded = helm.clone();
+        upgraded.version = Some("1.1.0".into());
+        assert_ne!(
+            with,
+            deployment_id_with_helm(&[], &options, Some(&upgraded))
+        );
     }
 }

@@ -12,6 +12,7 @@ pub mod conditions;
 pub mod copy;
 pub mod gate;
 pub mod hash;
+pub mod helm;
 pub mod labels;
 pub mod names;
 pub mod namespaces;
@@ -33,6 +34,7 @@ pub use cluster::{
     KubeconfigSecretRef,
 };
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
+pub use helm::{HelmOptions, KeyRef, Values, ValuesFrom};
 pub use upstream::{UpstreamObjectStatus, UpstreamPublication, UpstreamResource, UpstreamState};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

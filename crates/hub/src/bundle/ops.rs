@@ -452,6 +452,7 @@ mod tests {
                 paused: false,
                 options: BundleDeploymentOptions::default(),
                 resources: vec![],
+                helm: None,
             }),
             copies: vec![copy_of("db")],
         }

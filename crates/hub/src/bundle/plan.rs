@@ -228,10 +228,15 @@ pub fn plan(
             downstream_resources: downstream,
         };
         let bd_spec = BundleDeploymentSpec {
-            deployment_id: hash::deployment_id(&spec.resources, &options),
+            deployment_id: hash::deployment_id_with_helm(
+                &spec.resources,
+                &options,
+                spec.helm.as_ref(),
+            ),
             paused: spec.paused || cluster.paused,
             options,
             resources: spec.resources.clone(),
+            helm: spec.helm.clone(),
         };
         plan.copies += copies.len();
         plan.deployments.push(DesiredDeployment {

@@ -1,0 +1,376 @@
+//! Charts from HTTP(S) chart repositories: `index.yaml`, version selection (exact or semver
+//! range), download with basic auth, and a cache of chart archives by digest (charts only,
+//! never values or credentials).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use bytes::Bytes;
+use http::{Request, StatusCode, header};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tender_types::HelmOptions;
+use tender_types::conditions::reason;
+
+use super::ChartFailure;
+
+/// Redirects followed before giving up.
+const MAX_REDIRECTS: usize = 5;
+
+/// One version of a chart in a repository's `index.yaml`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct ChartEntry {
+    /// The chart version.
+    #[serde(default)]
+    pub version: String,
+    /// Where the archive is (absolute, or relative to the repository URL).
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// sha256 of the archive, hex.
+    #[serde(default)]
+    pub digest: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Index {
+    #[serde(default)]
+    entries: BTreeMap<String, Vec<ChartEntry>>,
+}
+
+/// The entry of `versions` that `constraint` selects: an exact version, else the highest
+/// version a semver range accepts (Helm's syntax: `^1.2`, `~1.2`, `>=1 <2`, `1.x`; empty:
+/// the highest stable version).
+pub fn select_version<'a>(
+    versions: &'a [ChartEntry],
+    constraint: Option<&str>,
+) -> Result<&'a ChartEntry, String> {
+    let constraint = constraint.map(str::trim).filter(|c| !c.is_empty());
+    if let Some(c) = constraint
+        && let Some(exact) = versions
+            .iter()
+            .find(|e| e.version == c || e.version.strip_prefix('v') == Some(c))
+    {
+        return Ok(exact);
+    }
+    let req = match constraint {
+        None => semver::VersionReq::STAR,
+        Some(c) => semver::VersionReq::parse(&helm_range(c))
+            .map_err(|e| format!("version {c:?} is neither a version nor a range: {e}"))?,
+    };
+    versions
+        .iter()
+        .filter_map(|e| {
+            let v = semver::Version::parse(e.version.trim_start_matches('v')).ok()?;
+            req.matches(&v).then_some((v, e))
+        })
+        .max_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, e)| e)
+        .ok_or_else(|| match constraint {
+            Some(c) => format!("no version matches {c:?}"),
+            None => "no stable version".to_string(),
+        })
+}
+
+/// Helm (Masterminds) range syntax → the `semver` crate's: comparators separated by spaces
+/// become comma-separated.
+fn helm_range(c: &str) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for tok in c.split_whitespace() {
+        let tok = tok.trim_end_matches(',');
+        // `>= 1.0` (operator alone) joins the next token.
+        if let Some(last) = parts.last_mut()
+            && last.chars().all(|ch| "<>=~^!".contains(ch))
+        {
+            last.push_str(tok);
+            continue;
+        }
+        parts.push(tok.to_string());
+    }
+    parts.join(", ")
+}
+
+/// Resolves a chart URL from the index against the repository URL.
+fn absolute(repo: &str, url: &str) -> String {
+    if url.contains("://") {
+        url.to_string()
+    } else {
+        format!(
+            "{}/{}",
+            repo.trim_end_matches('/'),
+            url.trim_start_matches('/')
+        )
+    }
+}
+
+fn origin(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let host_len = rest.find('/').unwrap_or(rest.len());
+    &url[..url.len() - rest.len() + host_len]
+}
+
+/// The HTTP client for chart repositories (rustls with the system's roots, HTTP/1).
+pub(crate) struct Http {
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
+}
+
+impl Http {
+    pub(crate) fn new() -> Self {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(https),
+        }
+    }
+
+    /// GET `url`; credentials are sent only to the repository's own origin.
+    async fn get(
+        &self,
+        url: &str,
+        repo: &str,
+        auth: Option<&(String, String)>,
+    ) -> Result<Bytes, ChartFailure> {
+        let mut url = url.to_string();
+        for _ in 0..=MAX_REDIRECTS {
+            let mut req = Request::get(&url);
+            if let Some((user, pass)) = auth.filter(|_| origin(&url) == origin(repo)) {
+                let token =
+                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
+                req = req.header(header::AUTHORIZATION, format!("Basic {token}"));
+            }
+            let req = req.body(Empty::new()).map_err(|e| {
+                ChartFailure::new(
+                    reason::CHART_REPOSITORY_UNREACHABLE,
+                    format!("invalid URL {url}: {e}"),
+                )
+            })?;
+            let resp = self.client.request(req).await.map_err(|e| {
+                ChartFailure::new(
+                    reason::CHART_REPOSITORY_UNREACHABLE,
+                    format!("GET {url}: {}", connect_error(&e)),
+                )
+            })?;
+            let status = resp.status();
+            if status.is_redirection()
+                && let Some(loc) = resp
+                    .headers()
+                    .get(header::LOCATION)
+                    .and_then(|l| l.to_str().ok())
+            {
+                url = if loc.starts_with('/') {
+                    format!("{}{loc}", origin(&url))
+                } else {
+                    absolute(&url, loc)
+                };
+                continue;
+            }
+            return match status {
+                s if s.is_success() => resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .map_err(|e| {
+                        ChartFailure::new(
+                            reason::CHART_REPOSITORY_UNREACHABLE,
+                            format!("GET {url}: reading the body: {e}"),
+                        )
+                    }),
+                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(ChartFailure::new(
+                    reason::CHART_AUTH_FAILED,
+                    format!(
+                        "GET {url}: {status}{}",
+                        if auth.is_some() {
+                            " (check the username/password of helmSecretName)"
+                        } else {
+                            " (set helm.helmSecretName to a copied Secret with username/password)"
+                        }
+                    ),
+                )),
+                _ => Err(ChartFailure::new(
+                    reason::CHART_REPOSITORY_UNREACHABLE,
+                    format!("GET {url}: {status}"),
+                )),
+            };
+        }
+        Err(ChartFailure::new(
+            reason::CHART_REPOSITORY_UNREACHABLE,
+            format!("GET {url}: more than {MAX_REDIRECTS} redirects"),
+        ))
+    }
+
+    /// The chart archive `helm` selects, from the cache or downloaded into it.
+    pub(crate) async fn fetch_chart(
+        &self,
+        cache_dir: &Path,
+        helm: &HelmOptions,
+        auth: Option<&(String, String)>,
+    ) -> Result<PathBuf, ChartFailure> {
+        let repo = helm.repo.as_deref().unwrap_or_default();
+        let index_url = absolute(repo, "index.yaml");
+        let body = self.get(&index_url, repo, auth).await?;
+        let text = String::from_utf8_lossy(&body);
+        let index: Index = serde_saphyr::from_str(&text).map_err(|_| {
+            ChartFailure::new(
+                reason::CHART_REPOSITORY_UNREACHABLE,
+                format!("{index_url} is not a chart repository index"),
+            )
+        })?;
+        let versions = index.entries.get(&helm.chart).ok_or_else(|| {
+            ChartFailure::new(
+                reason::CHART_VERSION_NOT_FOUND,
+                format!("chart {:?} is not in {index_url}", helm.chart),
+            )
+        })?;
+        let entry = select_version(versions, helm.version.as_deref()).map_err(|m| {
+            ChartFailure::new(
+                reason::CHART_VERSION_NOT_FOUND,
+                format!("chart {:?} in {repo}: {m}", helm.chart),
+            )
+        })?;
+        let digest = entry
+            .digest
+            .as_deref()
+            .filter(|d| d.len() == 64 && d.chars().all(|c| c.is_ascii_hexdigit()))
+            .map(str::to_ascii_lowercase);
+        if let Some(d) = &digest {
+            let cached = cache_dir.join(format!("{d}.tgz"));
+            if cached.exists() {
+                return Ok(cached);
+            }
+        }
+        let url = entry.urls.first().ok_or_else(|| {
+            ChartFailure::new(
+                reason::CHART_VERSION_NOT_FOUND,
+                format!(
+                    "chart {:?} {} has no download URL in {index_url}",
+                    helm.chart, entry.version
+                ),
+            )
+        })?;
+        let archive = self.get(&absolute(repo, url), repo, auth).await?;
+        let actual = hex::encode(Sha256::digest(&archive));
+        if let Some(d) = &digest
+            && *d != actual
+        {
+            return Err(ChartFailure::new(
+                reason::CHART_REPOSITORY_UNREACHABLE,
+                format!(
+                    "chart {:?} {}: the archive's sha256 does not match the index digest",
+                    helm.chart, entry.version
+                ),
+            ));
+        }
+        store(cache_dir, &actual, &archive).map_err(|e| {
+            ChartFailure::new(
+                reason::CHART_RENDER_FAILED,
+                format!("writing the chart cache {}: {e}", cache_dir.display()),
+            )
+        })
+    }
+}
+
+/// Writes an archive into the cache under its digest (temporary file + rename).
+fn store(cache_dir: &Path, digest: &str, archive: &[u8]) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(cache_dir)?;
+    let path = cache_dir.join(format!("{digest}.tgz"));
+    let tmp = cache_dir.join(format!(".{digest}.{}.partial", std::process::id()));
+    std::fs::write(&tmp, archive)?;
+    std::fs::rename(&tmp, &path)?;
+    Ok(path)
+}
+
+/// A connect error's cause, without the request (which may carry the auth header).
+fn connect_error(e: &hyper_util::client::legacy::Error) -> String {
+    let mut source: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    let mut last = e.to_string();
+    while let Some(s) = source {
+        last = s.to_string();
+        source = s.source();
+    }
+    last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entries(versions: &[&str]) -> Vec<ChartEntry> {
+        versions
+            .iter()
+            .map(|v| ChartEntry {
+                version: v.to_string(),
+                urls: vec![format!("app-{v}.tgz")],
+                digest: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exact_versions_and_ranges() {
+        let e = entries(&["1.0.0", "1.2.0", "1.10.1", "2.0.0", "2.1.0-rc.1"]);
+        let pick = |c: Option<&str>| select_version(&e, c).map(|e| e.version.as_str());
+        assert_eq!(pick(Some("1.2.0")), Ok("1.2.0"));
+        assert_eq!(pick(None), Ok("2.0.0"), "latest stable");
+        assert_eq!(pick(Some("")), Ok("2.0.0"));
+        assert_eq!(pick(Some("^1.0")), Ok("1.10.1"));
+        assert_eq!(pick(Some("~1.2")), Ok("1.2.0"));
+        assert_eq!(pick(Some(">=1.0.0 <1.5.0")), Ok("1.2.0"));
+        assert_eq!(pick(Some(">= 1.0.0, < 2")), Ok("1.10.1"));
+        assert_eq!(pick(Some("1.x")), Ok("1.10.1"));
+        assert_eq!(
+            pick(Some("2.1.0-rc.1")),
+            Ok("2.1.0-rc.1"),
+            "exact prerelease"
+        );
+        assert!(
+            pick(Some("3.0.0"))
+                .unwrap_err()
+                .contains("no version matches")
+        );
+        assert!(pick(Some("not a range")).is_err());
+    }
+
+    #[test]
+    fn urls_resolve_against_the_repository() {
+        assert_eq!(
+            absolute("http://r/charts/", "a.tgz"),
+            "http://r/charts/a.tgz"
+        );
+        assert_eq!(
+            absolute("http://r/charts", "http://cdn/a.tgz"),
+            "http://cdn/a.tgz"
+        );
+        assert_eq!(
+            origin("https://r.example:8443/x/y"),
+            "https://r.example:8443"
+        );
+        assert_eq!(origin("http://r"), "http://r");
+    }
+
+    #[test]
+    fn the_index_parses() {
+        let text = "apiVersion: v1\nentries:\n  app:\n  - name: app\n    version: 0.1.0\n    \
+            digest: abc\n    urls:\n    - app-0.1.0.tgz\ngenerated: \"2026-01-01T00:00:00Z\"\n";
+        let index: Index = serde_saphyr::from_str(text).unwrap();
+        assert_eq!(index.entries["app"][0].urls, ["app-0.1.0.tgz"]);
+    }
+}

@@ -1,0 +1,225 @@
+//! Helm charts (`spec.helm`): observe (values and credentials from the planned copies or the
+//! downstream cluster, the chart from its repository) → render with a pinned `helm template`
+//! → the rendered objects go through the same plan and apply path as inline manifests.
+//!
+//! Values and credentials live only in memory: values reach helm on stdin, credentials become a
+//! basic-auth header, and neither appears in logs, events, status or the chart cache.
+
+mod fetch;
+mod render;
+mod values;
+
+pub use fetch::{ChartEntry, select_version};
+pub use render::{parse_rendered, redact, render_args};
+pub use values::{ObjectData, ValueSource, merge_sources, needed_sources};
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::Api;
+use serde_json::json;
+use tender_types::conditions::reason;
+use tender_types::hash::value_hash;
+use tender_types::{HelmOptions, Manifest, ObjectRef};
+
+use crate::downstream::Downstream;
+use crate::plan::{self, Planned};
+
+/// Default bound on fetching and rendering one chart.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Why a chart could not be rendered: a stable reason (docs/troubleshooting.md) and a message
+/// that never quotes values or credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChartFailure {
+    /// One of the `Chart*`/`Values*` reasons of [`tender_types::conditions::reason`].
+    pub reason: &'static str,
+    /// What failed and what to do.
+    pub message: String,
+}
+
+impl ChartFailure {
+    pub(crate) fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ChartFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.reason, self.message)
+    }
+}
+
+/// The status key of a chart that cannot be rendered (it stands for all its objects).
+pub fn chart_key(helm: &HelmOptions, release: &str, namespace: &str) -> ObjectRef {
+    let _ = helm;
+    plan::key(
+        "helm.tender.dev/v1",
+        "HelmRelease",
+        Some(namespace),
+        release,
+    )
+}
+
+/// The agent's charts: the helm binary, the chart cache and the last render of each
+/// BundleDeployment (so drift passes do not fetch or render again).
+pub(crate) struct Charts {
+    helm: PathBuf,
+    cache_dir: PathBuf,
+    http: fetch::Http,
+    renders: Mutex<HashMap<String, (String, Vec<Manifest>)>>,
+}
+
+impl Charts {
+    pub(crate) fn new(helm: PathBuf, cache_dir: PathBuf) -> Self {
+        Self {
+            helm,
+            cache_dir,
+            http: fetch::Http::new(),
+            renders: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The rendered objects of `helm` for BundleDeployment `bd`, release namespace `namespace`.
+    /// `copies` are this deployment's planned copies: a `valuesFrom` or `helmSecretName` that
+    /// names one reads the copy about to be applied, anything else is read downstream.
+    pub(crate) async fn render(
+        &self,
+        down: &Downstream,
+        bd: &str,
+        helm: &HelmOptions,
+        namespace: &str,
+        copies: &[Planned],
+    ) -> Result<Vec<Manifest>, ChartFailure> {
+        let timeout = helm
+            .timeout_seconds
+            .map(|s| Duration::from_secs(u64::from(s)))
+            .unwrap_or(DEFAULT_TIMEOUT);
+        let mut found: HashMap<ValueSource, Option<ObjectData>> = HashMap::new();
+        for source in needed_sources(helm, namespace) {
+            let data = match values::from_planned(copies, &source) {
+                Some(d) => Some(d),
+                None => read_downstream(down, &source).await?,
+            };
+            found.insert(source, data);
+        }
+        let merged = merge_sources(helm, namespace, &found)?;
+        let auth = values::credentials(helm, namespace, &found)?;
+        let release = helm.release_name_or(bd).to_string();
+        let memo_key = value_hash(&json!({
+            "helm": helm,
+            "values": merged,
+            "auth": auth.as_ref().map(|(u, p)| value_hash(&json!([u, p]))),
+            "namespace": namespace,
+        }));
+        if let Some((k, objects)) = self.renders.lock().expect("render memo").get(bd)
+            && *k == memo_key
+        {
+            return Ok(objects.clone());
+        }
+        let work = async {
+            let chart = if helm.is_oci() {
+                return Err(ChartFailure::new(
+                    reason::CHART_REPOSITORY_UNREACHABLE,
+                    format!(
+                        "{}: OCI chart references are not supported by this agent yet; use an HTTP chart repository",
+                        helm.chart
+                    ),
+                ));
+            } else {
+                self.http
+                    .fetch_chart(&self.cache_dir, helm, auth.as_ref())
+                    .await?
+            };
+            let kube_version = down
+                .client
+                .apiserver_version()
+                .await
+                .map(|v| v.git_version)
+                .ok();
+            let api_versions = api_versions(down).await;
+            render::template(
+                &self.helm,
+                &release,
+                namespace,
+                &chart,
+                kube_version.as_deref(),
+                &api_versions,
+                &merged,
+            )
+            .await
+        };
+        let objects = match tokio::time::timeout(timeout, work).await {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(ChartFailure::new(
+                    reason::CHART_RENDER_FAILED,
+                    format!(
+                        "fetching and rendering {} took longer than {}s (helm.timeoutSeconds)",
+                        helm.chart,
+                        timeout.as_secs()
+                    ),
+                ));
+            }
+        };
+        self.renders
+            .lock()
+            .expect("render memo")
+            .insert(bd.to_string(), (memo_key, objects.clone()));
+        Ok(objects)
+    }
+
+    /// Forgets the render of a deleted BundleDeployment.
+    pub(crate) fn forget(&self, bd: &str) {
+        self.renders.lock().expect("render memo").remove(bd);
+    }
+}
+
+/// Reads a Secret or ConfigMap downstream; `None` when it does not exist.
+async fn read_downstream(
+    down: &Downstream,
+    source: &ValueSource,
+) -> Result<Option<ObjectData>, ChartFailure> {
+    let failed = |e: kube::Error| {
+        ChartFailure::new(
+            reason::VALUES_FROM_MISSING,
+            format!(
+                "reading {} downstream: {}",
+                source.describe(),
+                tender_runtime::reconcile::error_text(&e, true)
+            ),
+        )
+    };
+    let client = down.client.clone();
+    Ok(if source.secret {
+        Api::<Secret>::namespaced(client, &source.namespace)
+            .get_opt(&source.name)
+            .await
+            .map_err(failed)?
+            .map(|s| ObjectData::from_secret(&s))
+    } else {
+        Api::<ConfigMap>::namespaced(client, &source.namespace)
+            .get_opt(&source.name)
+            .await
+            .map_err(failed)?
+            .map(|c| ObjectData::from_config_map(&c))
+    })
+}
+
+/// `group/version` of every API the downstream cluster serves, for `--api-versions`
+/// (empty when discovery fails: helm then uses its built-in defaults).
+async fn api_versions(down: &Downstream) -> Vec<String> {
+    let mut out = vec!["v1".to_string()];
+    if let Ok(groups) = down.client.list_api_groups().await {
+        for g in groups.groups {
+            out.extend(g.versions.into_iter().map(|v| v.group_version));
+        }
+    }
+    out
+}

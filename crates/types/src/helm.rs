@@ -1,0 +1,202 @@
+//! `Bundle.spec.helm`: a Helm chart rendered by the agent and deployed like inline manifests.
+//!
+//! The field names are Fleet's (`chart`, `repo`, `version`, `releaseName`, `values`,
+//! `valuesFrom`, `takeOwnership`, `timeoutSeconds`, `helmSecretName`). Values are merged in
+//! Fleet's order: the inline `values` first, then each `valuesFrom` entry in list order, each
+//! deep-merged over the result so far (maps merge key by key, anything else is replaced).
+
+use std::borrow::Cow;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::schema::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN};
+
+/// A Helm chart to render downstream; the rendered objects are deployed like `resources`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "self.chart.startsWith('oci://') ? !has(self.repo) : has(self.repo)",
+        "message": "helm.repo is required for a chart name and not allowed with an oci:// chart reference"
+    }
+]))]
+pub struct HelmOptions {
+    /// Name of the chart in the HTTP chart repository `repo`, or an `oci://registry/path/chart` reference.
+    #[schemars(length(min = 1, max = 512))]
+    pub chart: String,
+
+    /// URL of the HTTP(S) chart repository (the directory holding `index.yaml`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
+    pub repo: Option<String>,
+
+    /// Chart version: exact (`1.2.3`) or a semver range (`^1.2`, `>=1.0 <2.0`, `1.x`). Empty means the latest stable version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 128))]
+    pub version: Option<String>,
+
+    /// Helm release name (`.Release.Name`); defaults to the Bundle's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 53), regex(pattern = DNS_LABEL_PATTERN))]
+    pub release_name: Option<String>,
+
+    /// Inline values, merged first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub values: Option<Values>,
+
+    /// Values read on the DOWNSTREAM cluster (usually copies from downstreamResources), merged over the inline values in list order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub values_from: Vec<ValuesFrom>,
+
+    /// Adopt existing downstream objects the chart renders, instead of reporting a conflict.
+    #[serde(default)]
+    pub take_ownership: bool,
+
+    /// Upper bound in seconds for fetching and rendering the chart (default 120).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub timeout_seconds: Option<u32>,
+
+    /// Name of a Secret with `username` and `password` keys for the chart repository or registry, read downstream (copy it with downstreamResources).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub helm_secret_name: Option<String>,
+}
+
+impl HelmOptions {
+    /// The release name: `releaseName`, else `bundle`.
+    pub fn release_name_or<'a>(&'a self, bundle: &'a str) -> &'a str {
+        self.release_name.as_deref().unwrap_or(bundle)
+    }
+
+    /// Whether the chart comes from an OCI registry.
+    pub fn is_oci(&self) -> bool {
+        self.chart.starts_with("oci://")
+    }
+}
+
+/// One source of values: a key of a Secret or of a ConfigMap holding a YAML map.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.secretKeyRef) != has(self.configMapKeyRef)",
+    "message": "valuesFrom[] must set exactly one of secretKeyRef or configMapKeyRef"
+}]))]
+pub struct ValuesFrom {
+    /// A key of a Secret downstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyRef>,
+    /// A key of a ConfigMap downstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyRef>,
+}
+
+/// A key of a Secret or ConfigMap on the downstream cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyRef {
+    /// Name of the object.
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub name: String,
+    /// Namespace of the object downstream; defaults to where the copies land (targetNamespace, else defaultNamespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub namespace: Option<String>,
+    /// Key whose content (a YAML map) is merged into the values; defaults to `values.yaml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+impl KeyRef {
+    /// The key, defaulted to `values.yaml` (Fleet's default).
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or("values.yaml")
+    }
+}
+
+/// Free-form Helm values (a JSON/YAML map).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Values(pub Map<String, Value>);
+
+impl JsonSchema for Values {
+    fn schema_name() -> Cow<'static, str> {
+        "Values".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true
+        })
+    }
+}
+
+/// Deep-merges `over` into `base`: maps merge key by key, any other value replaces (Helm's rule).
+pub fn merge_values(base: &mut Map<String, Value>, over: Map<String, Value>) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(Value::Object(b)), Value::Object(o)) => merge_values(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn map(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn merge_is_deep_and_later_wins() {
+        let mut base = map(json!({"a": {"x": 1, "y": 2}, "b": [1, 2], "c": "keep"}));
+        merge_values(
+            &mut base,
+            map(json!({"a": {"y": 3, "z": 4}, "b": [9], "d": null})),
+        );
+        assert_eq!(
+            Value::Object(base),
+            json!({"a": {"x": 1, "y": 3, "z": 4}, "b": [9], "c": "keep", "d": null})
+        );
+    }
+
+    #[test]
+    fn a_scalar_replaces_a_map_and_back() {
+        let mut base = map(json!({"a": {"x": 1}}));
+        merge_values(&mut base, map(json!({"a": "s"})));
+        assert_eq!(base["a"], json!("s"));
+        merge_values(&mut base, map(json!({"a": {"x": 2}})));
+        assert_eq!(base["a"], json!({"x": 2}));
+    }
+
+    #[test]
+    fn release_name_defaults_to_the_bundle() {
+        let h = HelmOptions {
+            chart: "app".into(),
+            ..Default::default()
+        };
+        assert_eq!(h.release_name_or("web"), "web");
+        assert!(!h.is_oci());
+        assert!(
+            HelmOptions {
+                chart: "oci://r/x".into(),
+                ..Default::default()
+            }
+            .is_oci()
+        );
+    }
+}
