@@ -49,6 +49,7 @@ mod cleanup;
 mod config;
 mod context;
 mod copies;
+pub mod credentials;
 mod deploy;
 mod downstream;
 mod drift;
