@@ -33,6 +33,8 @@ pub struct AgentConfig {
     pub identity: String,
     /// How many BundleDeployments are deployed at once.
     pub concurrency: u16,
+    /// The downstream owner's policy: namespaces it may write to, kinds it refuses.
+    pub policy: crate::policy::Policy,
 }
 
 impl AgentConfig {
@@ -53,6 +55,7 @@ impl AgentConfig {
             cluster_status_interval: DEFAULT_CLUSTER_STATUS_INTERVAL,
             identity: "tender-agent".to_string(),
             concurrency: 4,
+            policy: crate::policy::Policy::default(),
         }
     }
 }

@@ -58,6 +58,7 @@ mod inventory;
 pub mod metrics;
 mod namespaces;
 pub mod plan;
+pub mod policy;
 mod reconcile;
 mod report;
 mod run;

@@ -73,6 +73,19 @@ struct Args {
     /// renewed hub kubeconfig, so a restart starts from a live token; unset: not stored.
     #[arg(long, env = "TENDER_HUB_KUBECONFIG_SECRET")]
     hub_kubeconfig_secret: Option<String>,
+    /// Namespaces the agent may write to, comma-separated (`team-*` matches a prefix); unset:
+    /// all. Objects elsewhere are refused (`RefusedByPolicy`).
+    #[arg(long, env = "TENDER_ALLOWED_NAMESPACES", value_delimiter = ',')]
+    allowed_namespaces: Vec<String>,
+    /// Kinds the agent refuses, comma-separated `Kind.group` (`Kind` for the core group,
+    /// `*.group` for a group); `--refused-kinds=` refuses none.
+    #[arg(
+        long,
+        env = "TENDER_REFUSED_KINDS",
+        value_delimiter = ',',
+        default_values_t = tender_agent::policy::DEFAULT_REFUSED_KINDS.iter().map(ToString::to_string)
+    )]
+    refused_kinds: Vec<String>,
 }
 
 #[tokio::main]
@@ -96,6 +109,16 @@ async fn main() -> anyhow::Result<()> {
     config.heartbeat_interval = Duration::from_secs(args.heartbeat_seconds.max(1));
     config.cluster_status_interval = Duration::from_secs(args.cluster_status_seconds);
     config.identity = args.identity;
+    let non_empty = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    config.policy = tender_agent::policy::Policy {
+        allowed_namespaces: non_empty(args.allowed_namespaces),
+        refused_kinds: non_empty(args.refused_kinds),
+    };
 
     let metrics = AgentMetrics::register(Metrics::new());
     let user_agent = format!("tender-agent/{}", tender_agent::VERSION);

@@ -52,6 +52,9 @@ pub mod reason {
     pub const KIND_NOT_ALLOWED: &str = "KindNotAllowed";
     /// A copied object's kind is not installed on the downstream cluster (no such API there).
     pub const KIND_NOT_INSTALLED: &str = "KindNotInstalled";
+    /// The downstream cluster's agent refuses an object by its owner's policy (a refused kind,
+    /// or a namespace it may not write to); everything else is deployed.
+    pub const REFUSED_BY_POLICY: &str = "RefusedByPolicy";
     /// No target of the Bundle selects any cluster.
     pub const NO_CLUSTERS_MATCHED: &str = "NoClustersMatched";
     /// A label selector in a target or group is invalid.
