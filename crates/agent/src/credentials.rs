@@ -139,6 +139,9 @@ pub async fn request_token(
     Ok(issued.status.and_then(|s| s.token).unwrap_or_default())
 }
 
+/// A merge patch of `data.kubeconfig` only, not the executor's server-side apply: the Secret
+/// was created by the CLI's manifests or the chart, and taking ownership of its other fields
+/// would fight them.
 async fn store(persist: &Persist, token: &str) -> anyhow::Result<()> {
     let text = with_token(&persist.kubeconfig, token)?;
     let secrets: Api<Secret> = Api::namespaced(persist.downstream.clone(), &persist.namespace);
