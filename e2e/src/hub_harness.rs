@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tender_hub::{HubConfig, HubMetrics, LeaderConfig};
@@ -201,9 +200,9 @@ pub async fn spawn_hub(kubeconfig: &str, config: HubConfig) -> Result<HubHandle>
     })
 }
 
-/// A kubeconfig for the hub cluster with the identity of `cluster`'s agent: the token from the
-/// `tender-agent-token` Secret in its cluster namespace (waits until the token controller has
-/// filled it), the test CA and the hub's address.
+/// A kubeconfig for the hub cluster with the identity of `cluster`'s agent: a token of its
+/// ServiceAccount from the TokenRequest API (waits until the hub has created the account),
+/// valid for an hour, the test CA and the hub's address.
 pub async fn agent_kubeconfig(
     env: &TestEnv,
     hub: &kube::Client,
@@ -211,25 +210,7 @@ pub async fn agent_kubeconfig(
     cluster: &str,
 ) -> Result<String> {
     let ns = names::cluster_namespace(workspace, cluster);
-    let secrets: Api<Secret> = Api::namespaced(hub.clone(), &ns);
-    let token = eventually(
-        &format!("the agent token of cluster {cluster} in {ns}"),
-        Duration::from_secs(60),
-        || async {
-            let secret = secrets.get_opt(names::AGENT_TOKEN_SECRET).await?;
-            Ok::<_, kube::Error>(
-                secret
-                    .and_then(|s| s.data)
-                    .and_then(|d| d.get("token").cloned())
-                    .map(|t| t.0),
-            )
-        },
-    )
-    .await;
-    let token = String::from_utf8(token).context("agent token is not UTF-8")?;
-    if token.is_empty() {
-        bail!("agent token of cluster {cluster} is empty");
-    }
+    let token = agent_token(hub, &ns, Duration::from_secs(3600)).await?;
     let hub_cluster = env.cluster(HUB);
     Ok(kubeconfig_yaml(
         HUB,
@@ -238,4 +219,42 @@ pub async fn agent_kubeconfig(
         &format!("tender-agent-{cluster}"),
         &token,
     ))
+}
+
+/// A token of the agent ServiceAccount in cluster namespace `ns` expiring after `lifetime`
+/// (TokenRequest API, as `tender cluster add` asks for it), once the hub has created the
+/// account.
+pub async fn agent_token(hub: &kube::Client, ns: &str, lifetime: Duration) -> Result<String> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let accounts: Api<ServiceAccount> = Api::namespaced(hub.clone(), ns);
+    eventually(
+        &format!("the agent ServiceAccount in {ns}"),
+        Duration::from_secs(60),
+        || async {
+            Ok::<_, kube::Error>(
+                accounts
+                    .get_opt(names::AGENT_SERVICE_ACCOUNT)
+                    .await?
+                    .map(|_| ()),
+            )
+        },
+    )
+    .await;
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(i64::try_from(lifetime.as_secs())?),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let issued = accounts
+        .create_token_request(names::AGENT_SERVICE_ACCOUNT, &Default::default(), &request)
+        .await
+        .with_context(|| format!("TokenRequest for the agent of {ns}"))?;
+    let token = issued.status.and_then(|s| s.token).unwrap_or_default();
+    if token.is_empty() {
+        bail!("TokenRequest for the agent of {ns} returned no token");
+    }
+    Ok(token)
 }

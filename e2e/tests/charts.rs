@@ -167,3 +167,78 @@ async fn agent_chart_objects_are_accepted_by_a_downstream_apiserver() {
     assert!(kinds.contains(&"Secret") && kinds.contains(&"Deployment"));
     dry_run_apply(&client, &ns, &objects).await;
 }
+
+/// Whether `rule` of a ClusterRole covers `(group, resource, verb, name)`, RBAC's way:
+/// `resourceNames` empty means every name.
+fn covers(
+    rule: &serde_json::Value,
+    group: &str,
+    resource: &str,
+    verb: &str,
+    name: Option<&str>,
+) -> bool {
+    let has = |field: &str, want: &str| {
+        rule[field]
+            .as_array()
+            .is_some_and(|xs| xs.iter().any(|x| x == want || x == "*"))
+    };
+    let names_ok = match rule["resourceNames"].as_array() {
+        None => true,
+        Some(names) if names.is_empty() => true,
+        Some(names) => name.is_some_and(|n| names.iter().any(|x| x == n)),
+    };
+    has("apiGroups", group) && has("resources", resource) && has("verbs", verb) && names_ok
+}
+
+/// The hub creates the agents' Roles without `escalate` or `bind`, so its ClusterRole must
+/// hold every permission in them (the apiserver would refuse the Role otherwise), and nothing
+/// lets it write arbitrary RBAC.
+#[test]
+fn hub_chart_rbac_has_no_escalate_or_bind_and_holds_every_agent_permission() {
+    let objects = template("tender-hub", "tender-system", &[]);
+    let role = objects
+        .iter()
+        .find(|o| o.types.as_ref().unwrap().kind == "ClusterRole")
+        .expect("a ClusterRole");
+    let rules = role.data["rules"].as_array().unwrap();
+    for rule in rules {
+        for verb in rule["verbs"].as_array().unwrap() {
+            assert!(
+                !["escalate", "bind", "impersonate", "*"].contains(&verb.as_str().unwrap()),
+                "the hub must not hold {verb}: {rule}"
+            );
+        }
+    }
+    let access = tender_hub::cluster::agent_access("ws", "east");
+    let (upstream, _) = tender_hub::cluster::upstream_access(
+        "ns",
+        "app",
+        &["s".into()],
+        &["c".into()],
+        &Default::default(),
+    )
+    .unwrap();
+    for agent_rule in [access.role, access.workspace_role, upstream]
+        .into_iter()
+        .flat_map(|r| r.rules.unwrap_or_default())
+    {
+        let names: Vec<Option<&str>> = match agent_rule.resource_names.as_deref() {
+            Some(ns) if !ns.is_empty() => ns.iter().map(|n| Some(n.as_str())).collect(),
+            _ => vec![None],
+        };
+        for group in agent_rule.api_groups.iter().flatten() {
+            for resource in agent_rule.resources.iter().flatten() {
+                for verb in &agent_rule.verbs {
+                    for name in &names {
+                        assert!(
+                            rules
+                                .iter()
+                                .any(|r| covers(r, group, resource, verb, *name)),
+                            "the hub's ClusterRole lacks {verb} {group}/{resource} {name:?}, which it grants agents"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -353,10 +353,22 @@ async fn the_readme_quick_start_works_on_real_clusters() {
         .get("tender-agent-hub")
         .await
         .unwrap();
+    // Each `cluster add` asks for a fresh expiring token of the same ServiceAccount, so the
+    // two kubeconfigs differ in the token only.
+    let printed = String::from_utf8(printed_secret.data.unwrap()["kubeconfig"].0.clone()).unwrap();
+    let (printed, printed_sub) = without_token(&printed);
+    let (out, out_sub) = without_token(&kubeconfig_out);
     assert_eq!(
-        printed_secret.data.unwrap()["kubeconfig"].0,
-        kubeconfig_out.as_bytes(),
-        "both install paths give the agent the same hub kubeconfig"
+        printed, out,
+        "both install paths give the agent the same hub kubeconfig but for its token"
+    );
+    assert_eq!(
+        printed_sub, out_sub,
+        "both tokens are the agent ServiceAccount's"
+    );
+    assert!(
+        printed_sub.ends_with(":tender-agent"),
+        "the token is the agent ServiceAccount's: {printed_sub}"
     );
     let chart_objects = parse_objects(&stdout(&agent_chart)).unwrap();
     let chart_deployment = chart_objects
@@ -518,4 +530,28 @@ async fn the_readme_quick_start_works_on_real_clusters() {
         hub_text.lines().all(|l| l.trim_start().starts_with('{')),
         "the chart's hub logs JSON"
     );
+}
+
+/// A kubeconfig as JSON without its users' tokens, and the `sub` claim of its token (which
+/// ServiceAccount it authenticates as). The token must expire: no long-lived credential.
+fn without_token(kubeconfig: &str) -> (serde_json::Value, String) {
+    let kc = Kubeconfig::from_yaml(kubeconfig).unwrap();
+    let token = tender_agent::credentials::kubeconfig_token(&kc).expect("a token kubeconfig");
+    assert!(
+        tender_runtime::token::expiry(&token).is_some(),
+        "the agent's hub token expires"
+    );
+    use base64::Engine as _;
+    let claims: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token.split('.').nth(1).unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    let mut value = serde_json::to_value(&kc).unwrap();
+    value["users"] = serde_json::Value::Null;
+    (
+        value,
+        claims["sub"].as_str().unwrap_or_default().to_string(),
+    )
 }

@@ -37,6 +37,8 @@ pub struct AgentConfig {
     pub helm_path: std::path::PathBuf,
     /// Where chart archives are cached by digest (charts only, never values or credentials).
     pub chart_cache_dir: std::path::PathBuf,
+    /// The downstream owner's policy: namespaces it may write to, kinds it refuses.
+    pub policy: crate::policy::Policy,
 }
 
 impl AgentConfig {
@@ -59,6 +61,7 @@ impl AgentConfig {
             concurrency: 4,
             helm_path: "helm".into(),
             chart_cache_dir: std::env::temp_dir().join("tender-charts"),
+            policy: crate::policy::Policy::default(),
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::context::Context;
 use crate::plan::{self, Desired, Mode, Owner, Planned};
 use crate::status::{self, Outcome};
 use crate::sync::{ensure_namespace, message, sync_object};
-use crate::{Result, cleanup, report};
+use crate::{Result, cleanup, policy, report};
 
 /// Re-check of objects somebody else owns: their deletion does not reach our label-filtered watches.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
@@ -110,10 +110,22 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
             }
         }
     }
+    // The owner's policy: a refused object is reported and left alone (not applied, and kept
+    // out of pruning so an object deployed before the policy changed stays as it is).
+    let mut refused_keys: Vec<ObjectRef> = Vec::new();
+    for p in copies.iter_mut().chain(manifests.iter_mut()) {
+        if let Ok(d) = p
+            && let Some(why) = ctx.config.policy.refusal(&d.key)
+        {
+            refused_keys.push(d.key.clone());
+            *p = Err(status::object(&d.key, ObjectState::Error, Some(why)));
+        }
+    }
     let desired_keys: Vec<ObjectRef> = copies
         .iter()
         .chain(&manifests)
         .filter_map(|p| p.as_ref().ok().map(|d| d.key.clone()))
+        .chain(refused_keys)
         .collect();
 
     // Record what may be created before creating it, so a crash leaves nothing unknown.
@@ -181,7 +193,8 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         };
         outcome.copies.push(s);
     }
-    let in_place = |s: &ObjectStatus| s.state.is_in_place();
+    // A refused object will not come by waiting: it blocks neither ordering nor pruning.
+    let in_place = |s: &ObjectStatus| s.state.is_in_place() || policy::is_refused(s);
     let copies_in_place = outcome.copies.iter().all(in_place);
     let chart_mode = Mode {
         take_ownership: mode.take_ownership || spec.helm.as_ref().is_some_and(|h| h.take_ownership),
@@ -234,7 +247,7 @@ fn next_look(outcome: &Outcome) -> Action {
         matches!(
             s.state,
             ObjectState::Conflict | ObjectState::Error | ObjectState::Missing
-        )
+        ) && !policy::is_refused(s)
     });
     if !blocked {
         Action::await_change()

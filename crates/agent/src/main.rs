@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use tender_agent::{AgentConfig, AgentMetrics};
+use tender_agent::{AgentConfig, AgentMetrics, credentials};
+use tender_runtime::token::BearerToken;
 use tender_runtime::{Health, LogFormat, Metrics};
 
 /// Copies Secrets/ConfigMaps and applies manifests from this cluster's namespace on the tender
@@ -60,6 +61,37 @@ struct Args {
     /// Log filter (RUST_LOG wins when set).
     #[arg(long, env = "TENDER_LOG_LEVEL", default_value = "info")]
     log_level: String,
+    /// Lifetime in seconds the agent asks for each renewed hub token (at least 600).
+    #[arg(
+        long,
+        env = "TENDER_HUB_TOKEN_LIFETIME_SECONDS",
+        default_value_t = 3600
+    )]
+    hub_token_lifetime_seconds: u64,
+    /// Renew the hub token when fewer than this many seconds of it are left.
+    #[arg(
+        long,
+        env = "TENDER_HUB_TOKEN_REFRESH_MARGIN_SECONDS",
+        default_value_t = 1200
+    )]
+    hub_token_refresh_margin_seconds: u64,
+    /// Downstream Secret (in the agent namespace, key `kubeconfig`) where the agent stores its
+    /// renewed hub kubeconfig, so a restart starts from a live token; unset: not stored.
+    #[arg(long, env = "TENDER_HUB_KUBECONFIG_SECRET")]
+    hub_kubeconfig_secret: Option<String>,
+    /// Namespaces the agent may write to, comma-separated (`team-*` matches a prefix); unset:
+    /// all. Objects elsewhere are refused (`RefusedByPolicy`).
+    #[arg(long, env = "TENDER_ALLOWED_NAMESPACES", value_delimiter = ',')]
+    allowed_namespaces: Vec<String>,
+    /// Kinds the agent refuses, comma-separated `Kind.group` (`Kind` for the core group,
+    /// `*.group` for a group); `--refused-kinds=` refuses none.
+    #[arg(
+        long,
+        env = "TENDER_REFUSED_KINDS",
+        value_delimiter = ',',
+        default_values_t = tender_agent::policy::DEFAULT_REFUSED_KINDS.iter().map(ToString::to_string)
+    )]
+    refused_kinds: Vec<String>,
 }
 
 #[tokio::main]
@@ -87,16 +119,19 @@ async fn main() -> anyhow::Result<()> {
     if let Some(dir) = args.chart_cache_dir {
         config.chart_cache_dir = dir;
     }
+    let non_empty = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    config.policy = tender_agent::policy::Policy {
+        allowed_namespaces: non_empty(args.allowed_namespaces),
+        refused_kinds: non_empty(args.refused_kinds),
+    };
 
     let metrics = AgentMetrics::register(Metrics::new());
     let user_agent = format!("tender-agent/{}", tender_agent::VERSION);
-    let hub = tender_runtime::client(
-        Some(&args.hub_kubeconfig),
-        Some(metrics.shared()),
-        &user_agent,
-    )
-    .await
-    .context("connecting to the hub")?;
     let downstream = tender_runtime::client(
         args.kubeconfig.as_deref(),
         Some(metrics.shared()),
@@ -104,6 +139,59 @@ async fn main() -> anyhow::Result<()> {
     )
     .await
     .context("connecting to this cluster")?;
+    let hub_kubeconfig = kube::config::Kubeconfig::read_from(&args.hub_kubeconfig)
+        .with_context(|| format!("reading {}", args.hub_kubeconfig.display()))?;
+    let hub_config =
+        kube::Config::from_custom_kubeconfig(hub_kubeconfig.clone(), &Default::default())
+            .await
+            .context("loading the hub kubeconfig")?;
+    // A token credential is renewed by the agent itself (tender_agent::credentials); any
+    // other kind of credential is used as it is.
+    let mut renewal = None;
+    let hub = match tender_runtime::token::token_of(&hub_config) {
+        Some(mounted) => {
+            let persist = args
+                .hub_kubeconfig_secret
+                .filter(|s| !s.is_empty())
+                .map(|name| credentials::Persist {
+                    downstream: downstream.clone(),
+                    namespace: config.agent_namespace.clone(),
+                    name,
+                    kubeconfig: hub_kubeconfig,
+                });
+            let stored = match &persist {
+                Some(p) => credentials::stored_token(p).await,
+                None => None,
+            };
+            let token = BearerToken::new(credentials::fresher(mounted, stored));
+            let hub = tender_runtime::token::client_with_token(
+                hub_config,
+                Some(metrics.shared()),
+                &user_agent,
+                token.clone(),
+            )?;
+            renewal = Some(credentials::keep_fresh(
+                hub.clone(),
+                token,
+                config.cluster_namespace.clone(),
+                credentials::Renewal {
+                    lifetime: Duration::from_secs(args.hub_token_lifetime_seconds),
+                    margin: Duration::from_secs(args.hub_token_refresh_margin_seconds),
+                },
+                persist,
+                tender_runtime::shutdown_signal(),
+            ));
+            hub
+        }
+        None => tender_runtime::client::client_from_config(
+            hub_config,
+            Some(metrics.shared()),
+            &user_agent,
+        )?,
+    };
+    if let Some(renewal) = renewal {
+        tokio::spawn(renewal);
+    }
     let health = Health::new();
     tracing::info!(cluster = %config.cluster_name, cluster_namespace = %config.cluster_namespace, copy_resources_downstream = copy, "starting tender-agent");
 

@@ -2,6 +2,8 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use tender_types::ObjectState;
+
+use crate::policy::is_refused;
 use tender_types::conditions::{
     TYPE_DEPLOYED, TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason, set_condition,
 };
@@ -133,10 +135,17 @@ pub fn compute(
     let conflict_states = [ObjectState::Conflict];
     let error_states = [ObjectState::Error, ObjectState::Missing];
     let copy_conflicts = with_state(&o.copies, &conflict_states);
+    let refused: Vec<&ObjectStatus> = o
+        .copies
+        .iter()
+        .chain(&o.manifests)
+        .filter(|s| is_refused(s))
+        .collect();
+    let copy_refused: Vec<&ObjectStatus> = o.copies.iter().filter(|s| is_refused(s)).collect();
     let copy_errors: Vec<_> = o
         .copies
         .iter()
-        .filter(|s| s.state == ObjectState::Error)
+        .filter(|s| s.state == ObjectState::Error && !is_refused(s))
         .collect();
 
     // ResourcesCopied
@@ -178,6 +187,13 @@ pub fn compute(
             },
             &summarize(&copy_errors),
         );
+    } else if !copy_refused.is_empty() {
+        set(
+            TYPE_RESOURCES_COPIED,
+            false,
+            reason::REFUSED_BY_POLICY,
+            &summarize(&copy_refused),
+        );
     } else {
         let missing = with_state(&o.copies, &[ObjectState::Missing]);
         if missing.is_empty() || o.applied_id.as_deref() == Some(&o.deployment_id) {
@@ -199,7 +215,10 @@ pub fn compute(
 
     let all: Vec<ObjectStatus> = o.copies.iter().chain(&o.manifests).cloned().collect();
     let conflicts = with_state(&all, &conflict_states);
-    let errors = with_state(&all, &error_states);
+    let errors: Vec<_> = with_state(&all, &error_states)
+        .into_iter()
+        .filter(|s| !is_refused(s))
+        .collect();
     let applied = o.applied_id.as_deref() == Some(o.deployment_id.as_str());
 
     // Deployed
@@ -255,6 +274,13 @@ pub fn compute(
             _ => "ErrApplied",
         };
         (false, deployed_reason, deployed_message.clone(), display)
+    } else if !refused.is_empty() {
+        (
+            false,
+            reason::REFUSED_BY_POLICY,
+            summarize(&refused),
+            "RefusedByPolicy",
+        )
     } else if !modified.is_empty() || !missing_after_apply.is_empty() {
         let mut drifted = modified.clone();
         drifted.extend(missing_after_apply.iter().copied());
@@ -315,6 +341,42 @@ mod tests {
             state,
             message: None,
         }
+    }
+
+    #[test]
+    fn a_refused_object_is_named_and_the_rest_is_deployed() {
+        let mut o = outcome(true);
+        let mut refused = obj("ClusterRole", "admin", ObjectState::Error);
+        refused.namespace = None;
+        refused.message = Some(format!(
+            "{}: kind rbac.authorization.k8s.io/v1/ClusterRole is refused",
+            reason::REFUSED_BY_POLICY
+        ));
+        o.manifests.push(refused);
+        let s = compute(None, &o, at(1));
+        let c = |t: &str| find_condition(&s.conditions, t).unwrap().clone();
+        assert!(
+            is_true(&s.conditions, TYPE_DEPLOYED),
+            "the rest is deployed"
+        );
+        assert_eq!(c(TYPE_DEPLOYED).reason, reason::DEPLOYED);
+        assert!(is_true(&s.conditions, TYPE_RESOURCES_COPIED));
+        assert!(!is_true(&s.conditions, TYPE_READY));
+        assert_eq!(c(TYPE_READY).reason, reason::REFUSED_BY_POLICY);
+        assert!(
+            c(TYPE_READY).message.contains("ClusterRole admin"),
+            "{:?}",
+            c(TYPE_READY)
+        );
+
+        // A refused copy: ResourcesCopied names it, and it is not a copy failure.
+        let mut o = outcome(true);
+        o.copies[0].state = ObjectState::Error;
+        o.copies[0].message = Some(format!("{}: namespace apps", reason::REFUSED_BY_POLICY));
+        let s = compute(None, &o, at(1));
+        let c = find_condition(&s.conditions, TYPE_RESOURCES_COPIED).unwrap();
+        assert_eq!(c.reason, reason::REFUSED_BY_POLICY);
+        assert!(is_true(&s.conditions, TYPE_DEPLOYED));
     }
 
     fn outcome(applied: bool) -> Outcome {

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tender_types::names::AGENT_TOKEN_SECRET;
 use tender_types::{Cluster, ClusterSpec, labels, names, namespaces};
 
 /// Name of the downstream Secret holding the agent's hub kubeconfig (key `kubeconfig`).
@@ -67,9 +67,13 @@ pub struct AddArgs {
     /// Write only the agent's hub kubeconfig to this file instead of printing manifests.
     #[arg(long)]
     pub kubeconfig_out: Option<PathBuf>,
-    /// How long to wait for the hub to prepare the cluster namespace and agent token.
+    /// How long to wait for the hub to prepare the cluster namespace and agent identity.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// Lifetime of the registration token in the printed kubeconfig (at least 10m). The agent
+    /// renews its own token once running; an unused registration token simply expires.
+    #[arg(long, default_value = "2h", value_parser = parse_duration)]
+    pub token_expiration: Duration,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -88,7 +92,8 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     match unit {
         "" | "s" => Ok(Duration::from_secs(n)),
         "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("bad duration {s:?}: use e.g. 90s or 2m")),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("bad duration {s:?}: use e.g. 90s, 2m or 2h")),
     }
 }
 
@@ -101,8 +106,14 @@ pub struct Registration {
     pub hub_kubeconfig: String,
 }
 
+/// Kept below what the apiserver accepts as a TokenRequest `expirationSeconds` is refused.
+pub const MIN_TOKEN_EXPIRATION: Duration = Duration::from_secs(600);
+
 /// Creates (or updates) the Cluster on the hub, waits for the hub to prepare its namespace and
-/// agent token, and returns the agent's hub kubeconfig.
+/// the agent's ServiceAccount, and returns a hub kubeconfig holding a token of that
+/// ServiceAccount which expires after `token_expiration` (TokenRequest API): no long-lived
+/// credential exists anywhere.
+#[allow(clippy::too_many_arguments)]
 pub async fn register(
     hub: &kube::Client,
     hub_server: &str,
@@ -111,7 +122,11 @@ pub async fn register(
     cluster_labels: &BTreeMap<String, String>,
     agent_namespace: &str,
     timeout: Duration,
+    token_expiration: Duration,
 ) -> Result<Registration> {
+    if token_expiration < MIN_TOKEN_EXPIRATION {
+        bail!("--token-expiration must be at least 10m (the apiserver's minimum)");
+    }
     if !names::is_dns_label(name) {
         bail!(
             "cluster name {name:?} must be a DNS label (lowercase letters, digits, '-', at most 63)"
@@ -136,21 +151,46 @@ pub async fn register(
         .with_context(|| format!("creating Cluster {workspace}/{name} on the hub"))?;
 
     let cluster_namespace = names::cluster_namespace(workspace, name);
-    let secrets: Api<Secret> = Api::namespaced(hub.clone(), &cluster_namespace);
+    let accounts: Api<ServiceAccount> = Api::namespaced(hub.clone(), &cluster_namespace);
+    let config_maps: Api<ConfigMap> = Api::namespaced(hub.clone(), &cluster_namespace);
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(i64::try_from(token_expiration.as_secs()).unwrap_or(i64::MAX)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let sa = names::AGENT_SERVICE_ACCOUNT;
     let deadline = Instant::now() + timeout;
+    // The hub creates the ServiceAccount; the root-CA publisher fills `kube-root-ca.crt` in
+    // every namespace with the CA clients of this apiserver trust.
     let (token, ca) = loop {
-        if let Some(s) = secrets.get_opt(AGENT_TOKEN_SECRET).await.ok().flatten() {
-            let data = s.data.unwrap_or_default();
-            if let (Some(t), Some(ca)) = (data.get("token"), data.get("ca.crt")) {
-                break (
-                    String::from_utf8(t.0.clone()).context("agent token is not UTF-8")?,
-                    ca.0.clone(),
+        let ca = config_maps
+            .get_opt("kube-root-ca.crt")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|cm| cm.data?.remove("ca.crt"));
+        if let Some(ca) = ca
+            && accounts.get_opt(sa).await.ok().flatten().is_some()
+        {
+            let issued = accounts
+                .create_token_request(sa, &PostParams::default(), &request)
+                .await
+                .with_context(|| {
+                    format!("requesting a token of {cluster_namespace}/{sa} (TokenRequest API)")
+                })?;
+            let token = issued.status.and_then(|s| s.token).unwrap_or_default();
+            if token.is_empty() {
+                bail!(
+                    "the hub answered the TokenRequest for {cluster_namespace}/{sa} without a token"
                 );
             }
+            break (token, ca.into_bytes());
         }
         if Instant::now() >= deadline {
             bail!(
-                "the hub did not prepare {cluster_namespace}/{AGENT_TOKEN_SECRET} within {timeout:?}: \
+                "the hub did not prepare ServiceAccount {cluster_namespace}/{sa} (and ConfigMap kube-root-ca.crt) within {timeout:?}: \
                  is tender-hub running and watching workspace {workspace}?"
             );
         }
@@ -220,7 +260,8 @@ pub fn agent_manifests(
                 "image": image,
                 "args": ["--hub-kubeconfig=/etc/tender/hub/kubeconfig",
                          format!("--workspace-namespace={workspace}"),
-                         format!("--cluster-name={cluster}")],
+                         format!("--cluster-name={cluster}"),
+                         format!("--hub-kubeconfig-secret={HUB_KUBECONFIG_SECRET}")],
                 "env": [{"name": tender_types::gate::COPY_RESOURCES_ENV, "value": "true"},
                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
@@ -274,6 +315,7 @@ async fn add(a: AddArgs) -> Result<()> {
         &cluster_labels,
         &a.agent_namespace,
         a.timeout,
+        a.token_expiration,
     )
     .await?;
     eprintln!(
@@ -320,7 +362,8 @@ mod tests {
         assert_eq!(parse_duration("90s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("15").unwrap(), Duration::from_secs(15));
-        assert!(parse_duration("1h").is_err());
+        assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        assert!(parse_duration("1d").is_err());
     }
 
     #[test]
@@ -357,6 +400,8 @@ mod tests {
             .collect();
         assert!(args.contains(&"--cluster-name=east"));
         assert!(args.contains(&"--workspace-namespace=tender-default"));
+        // The agent stores its renewed hub kubeconfig where it was mounted from.
+        assert!(args.contains(&"--hub-kubeconfig-secret=tender-agent-hub"));
         assert_eq!(c["env"][0]["name"], tender_types::gate::COPY_RESOURCES_ENV);
         assert_eq!(c["env"][0]["value"], "true");
     }

@@ -41,8 +41,6 @@ pub struct AgentAccess {
     pub namespace: Namespace,
     /// The agent's ServiceAccount in the cluster namespace.
     pub service_account: ServiceAccount,
-    /// Long-lived token Secret of that ServiceAccount.
-    pub token: Secret,
     /// What the agent may do in its cluster namespace.
     pub role: Role,
     /// Binds [`AgentAccess::role`] to the agent.
@@ -112,17 +110,6 @@ pub fn agent_access(workspace: &str, cluster: &str) -> AgentAccess {
             metadata: meta(sa, Some(&ns), &labels),
             ..Default::default()
         },
-        token: Secret {
-            metadata: ObjectMeta {
-                annotations: Some(BTreeMap::from([(
-                    "kubernetes.io/service-account.name".to_string(),
-                    sa.to_string(),
-                )])),
-                ..meta(names::AGENT_TOKEN_SECRET, Some(&ns), &labels)
-            },
-            type_: Some("kubernetes.io/service-account-token".into()),
-            ..Default::default()
-        },
         role: Role {
             metadata: meta(names::AGENT_ROLE, Some(&ns), &labels),
             rules: Some(vec![
@@ -143,6 +130,11 @@ pub fn agent_access(workspace: &str, cluster: &str) -> AgentAccess {
                     &["get", "list", "watch", "create", "update", "patch"],
                 ),
                 rule(&["", "events.k8s.io"], &["events"], &["create", "patch"]),
+                // Renewing its own expiring token, and nobody else's.
+                PolicyRule {
+                    resource_names: Some(vec![sa.to_string()]),
+                    ..rule(&[""], &["serviceaccounts/token"], &["create"])
+                },
             ]),
         },
         role_binding: RoleBinding {
@@ -437,10 +429,23 @@ fn access_objects(access: AgentAccess, mode: ClusterMode) -> Vec<Provisioned> {
         wanted: mode == ClusterMode::Pull,
         ..provisioned(b)
     };
+    let ns = access.namespace.metadata.name.clone();
+    // Clusters registered before tokens expired had a long-lived token Secret: it must go.
+    let legacy_token = Provisioned {
+        wanted: false,
+        ..provisioned(Secret {
+            metadata: ObjectMeta {
+                name: Some(names::AGENT_TOKEN_SECRET.to_string()),
+                namespace: ns,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    };
     vec![
         provisioned(access.namespace),
         provisioned(access.service_account),
-        provisioned(access.token),
+        legacy_token,
         provisioned(access.role),
         binding(access.role_binding),
         provisioned(access.workspace_role),
@@ -707,17 +712,31 @@ mod tests {
         assert_eq!(a.namespace.labels()[labels::CLUSTER], "east");
         for obj in [
             &a.service_account.metadata,
-            &a.token.metadata,
             &a.role.metadata,
             &a.role_binding.metadata,
         ] {
             assert_eq!(obj.namespace.as_deref(), Some(ns.as_str()));
         }
+        // The agent may mint tokens of its own ServiceAccount only.
+        let mint: Vec<_> = a
+            .role
+            .rules
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|r| {
+                r.resources
+                    .iter()
+                    .flatten()
+                    .any(|x| x == "serviceaccounts/token")
+            })
+            .collect();
+        assert_eq!(mint.len(), 1);
+        assert_eq!(mint[0].verbs, ["create"]);
         assert_eq!(
-            a.token.type_.as_deref(),
-            Some("kubernetes.io/service-account-token")
+            mint[0].resource_names.as_deref(),
+            Some(&[names::AGENT_SERVICE_ACCOUNT.to_string()][..])
         );
-        assert_eq!(a.token.metadata.name.as_deref(), Some("tender-agent-token"));
         let ws_rules = a.workspace_role.rules.as_ref().unwrap();
         assert!(
             ws_rules
@@ -880,9 +899,35 @@ mod tests {
     }
 
     #[test]
+    fn a_legacy_long_lived_token_secret_is_deleted_and_never_written() {
+        let objects = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
+        // Provisioned before decision 43: the token Secret exists next to everything else.
+        let live: Vec<Option<String>> = objects.iter().map(|o| Some(o.hash.clone())).collect();
+        let ops = kinds(&provision_ops(objects, &live));
+        let ns = names::cluster_namespace("ws", "east");
+        assert_eq!(ops.len(), 1, "{ops:?}");
+        assert!(
+            ops[0].starts_with("delete ") && ops[0].contains(names::AGENT_TOKEN_SECRET),
+            "{ops:?}"
+        );
+        assert!(ops[0].contains(&ns), "{ops:?}");
+        // A fresh cluster: nothing is created under that name.
+        let objects = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
+        let none = vec![None; objects.len()];
+        let ops = kinds(&provision_ops(objects, &none));
+        assert!(
+            ops.iter().all(|o| !o.contains(names::AGENT_TOKEN_SECRET)),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
     fn push_mode_removes_the_agent_bindings_and_pull_restores_them() {
         let hashes = |objects: &[Provisioned]| -> Vec<Option<String>> {
-            objects.iter().map(|o| Some(o.hash.clone())).collect()
+            objects
+                .iter()
+                .map(|o| o.wanted.then(|| o.hash.clone()))
+                .collect()
         };
         // Everything provisioned for pull: nothing changed → no operations.
         let pull = access_objects(agent_access("ws", "east"), ClusterMode::Pull);

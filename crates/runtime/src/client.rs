@@ -138,8 +138,8 @@ pub fn classify(method: &Method, uri: &Uri) -> RequestClass {
 
 /// Tower layer that counts each request into [`Metrics`] before passing it on unchanged.
 #[derive(Clone)]
-struct CountRequestsLayer {
-    metrics: Arc<Metrics>,
+pub(crate) struct CountRequestsLayer {
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl<S> Layer<S> for CountRequestsLayer {
@@ -154,7 +154,7 @@ impl<S> Layer<S> for CountRequestsLayer {
 }
 
 #[derive(Clone)]
-struct CountRequests<S> {
+pub(crate) struct CountRequests<S> {
     inner: S,
     metrics: Arc<Metrics>,
 }

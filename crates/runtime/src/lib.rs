@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod reconcile;
 pub mod server;
 pub mod telemetry;
+pub mod token;
 
 mod error;
 mod signal;

@@ -64,6 +64,9 @@ pub mod reason {
     pub const VALUES_FROM_MISSING: &str = "ValuesFromMissing";
     /// A `valuesFrom` key does not hold a YAML map.
     pub const VALUES_INVALID: &str = "ValuesInvalid";
+    /// The downstream cluster's agent refuses an object by its owner's policy (a refused kind,
+    /// or a namespace it may not write to); everything else is deployed.
+    pub const REFUSED_BY_POLICY: &str = "RefusedByPolicy";
     /// No target of the Bundle selects any cluster.
     pub const NO_CLUSTERS_MATCHED: &str = "NoClustersMatched";
     /// A label selector in a target or group is invalid.

@@ -145,8 +145,8 @@ pub fn upstream_role(bundle_name: &str) -> String {
 
 /// ServiceAccount of a cluster's agent, in the cluster namespace on the hub.
 pub const AGENT_SERVICE_ACCOUNT: &str = "tender-agent";
-/// Long-lived token Secret of [`AGENT_SERVICE_ACCOUNT`]; the CLI builds the agent's hub
-/// kubeconfig from its `token` and `ca.crt`.
+/// The long-lived token Secret of [`AGENT_SERVICE_ACCOUNT`] that clusters registered before
+/// decision 43 had; the hub now deletes it (agents hold expiring bound tokens instead).
 pub const AGENT_TOKEN_SECRET: &str = "tender-agent-token";
 /// Role and RoleBinding of the agent in its cluster namespace.
 pub const AGENT_ROLE: &str = "tender-agent";

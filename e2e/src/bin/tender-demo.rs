@@ -100,6 +100,7 @@ async fn main() -> Result<()> {
             &BTreeMap::from([("env".to_string(), "prod".to_string())]),
             tender_types::namespaces::DEFAULT_AGENT_NAMESPACE,
             Duration::from_secs(60),
+            Duration::from_secs(7200),
         )
         .await?;
         let addr = SocketAddr::from(([127, 0, 0, 1], args.metrics_port + 1 + i as u16));
