@@ -196,3 +196,101 @@ async fn cluster_add_rejects_a_bad_name_before_touching_the_hub() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("must be a DNS label"));
 }
+
+/// `tender cluster add --local`: the hub as its own downstream in one command. The agent's
+/// manifests are applied to the hub itself, and its kubeconfig reaches the hub in-cluster with
+/// the agent's narrow identity.
+#[tokio::test]
+async fn cluster_add_local_installs_the_agent_on_the_hub_itself() {
+    let env = shared_env(1).await;
+    let hub = env.client(HUB).await.unwrap();
+    tender_e2e::crds::install_crds(&hub).await.unwrap();
+    let ws = unique_name("cli-local");
+    namespace(&hub, &ws).await;
+    let _hub = start_hub(env, hub_config(&ws)).await.unwrap();
+    let hub_kubeconfig = env.cluster(HUB).kubeconfig.clone();
+    let agent_ns = unique_name("tender-local");
+
+    let out = tokio::task::spawn_blocking({
+        let (ws, agent_ns) = (ws.clone(), agent_ns.clone());
+        move || {
+            Command::new(tender_bin())
+                .args(["cluster", "add", "local", "-n", &ws, "--local"])
+                .args(["--agent-namespace", &agent_ns])
+                .arg("--hub-kubeconfig")
+                .arg(&hub_kubeconfig)
+                .args(["--image", "example.test/tender-agent:dev"])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "tender cluster add --local failed:\n{stderr}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing to pipe anywhere: it was applied"
+    );
+    assert!(stderr.contains("applied Deployment"), "{stderr}");
+
+    // Installed on the hub: the agent's Deployment and its hub kubeconfig.
+    let deployments = kube::discovery::pinned_kind(
+        &hub,
+        &kube::api::GroupVersionKind::gvk("apps", "v1", "Deployment"),
+    )
+    .await
+    .unwrap()
+    .0;
+    Api::<DynamicObject>::namespaced_with(hub.clone(), &agent_ns, &deployments)
+        .get("tender-agent")
+        .await
+        .expect("the agent's Deployment on the hub");
+    let secret: Secret = Api::namespaced(hub.clone(), &agent_ns)
+        .get("tender-agent-hub")
+        .await
+        .unwrap();
+    let kubeconfig = String::from_utf8(secret.data.unwrap()["kubeconfig"].0.clone()).unwrap();
+    let parsed = kube::config::Kubeconfig::from_yaml(&kubeconfig).unwrap();
+    assert_eq!(
+        parsed.clusters[0]
+            .cluster
+            .as_ref()
+            .unwrap()
+            .server
+            .as_deref(),
+        Some(tender_cli::cluster::IN_CLUSTER_SERVER),
+        "in-cluster address of the hub"
+    );
+    let cluster_ns = names::cluster_namespace(&ws, "local");
+    assert_eq!(
+        parsed.contexts[0]
+            .context
+            .as_ref()
+            .unwrap()
+            .namespace
+            .as_deref(),
+        Some(cluster_ns.as_str())
+    );
+    // The identity in it is the agent's: through the test's route to the same apiserver it
+    // reads its cluster namespace and not the workspace.
+    let reachable = kubeconfig.replace(
+        tender_cli::cluster::IN_CLUSTER_SERVER,
+        env.cluster(HUB).server.as_str(),
+    );
+    let agent = client_from_yaml(&reachable).await.unwrap();
+    Api::<BundleDeployment>::namespaced(agent.clone(), &cluster_ns)
+        .list(&Default::default())
+        .await
+        .expect("the agent reads its own cluster namespace");
+    let denied = Api::<Secret>::namespaced(agent, &ws)
+        .list(&Default::default())
+        .await;
+    assert!(
+        matches!(&denied, Err(kube::Error::Api(s)) if s.code == 403),
+        "the agent's identity cannot read the workspace: {denied:?}"
+    );
+}

@@ -65,8 +65,13 @@ pub struct AddArgs {
     #[arg(long, default_value = DEFAULT_AGENT_IMAGE)]
     pub image: String,
     /// Write only the agent's hub kubeconfig to this file instead of printing manifests.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "local")]
     pub kubeconfig_out: Option<PathBuf>,
+    /// The hub is its own downstream ("namespace to namespace"): apply the agent's manifests
+    /// to the hub itself instead of printing them. The agent then reaches the hub in-cluster
+    /// (`https://kubernetes.default.svc`) unless `--hub-server` says otherwise.
+    #[arg(long)]
+    pub local: bool,
     /// How long to wait for the hub to prepare the cluster namespace and agent identity.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub timeout: Duration,
@@ -299,11 +304,15 @@ async fn add(a: AddArgs) -> Result<()> {
             .context("loading the hub kubeconfig")?,
     };
     let server = a.hub_server.clone().unwrap_or_else(|| {
-        config
-            .cluster_url
-            .to_string()
-            .trim_end_matches('/')
-            .to_string()
+        if a.local {
+            IN_CLUSTER_SERVER.to_string()
+        } else {
+            config
+                .cluster_url
+                .to_string()
+                .trim_end_matches('/')
+                .to_string()
+        }
     });
     let hub = tender_runtime::client::client_from_config(config, None, "tender-cli")?;
     let cluster_labels: BTreeMap<String, String> = a.labels.iter().cloned().collect();
@@ -328,19 +337,75 @@ async fn add(a: AddArgs) -> Result<()> {
         eprintln!("agent hub kubeconfig written to {}", path.display());
         return Ok(());
     }
-    eprintln!(
-        "apply the agent on the downstream cluster: tender cluster add ... | kubectl apply -f -"
-    );
-    for m in agent_manifests(
+    let manifests = agent_manifests(
         &a.workspace,
         &a.name,
         &a.agent_namespace,
         &a.image,
         &reg.hub_kubeconfig,
-    ) {
+    );
+    if a.local {
+        for line in apply_manifests(&hub, &manifests).await? {
+            eprintln!("applied {line}");
+        }
+        eprintln!(
+            "the agent of {} runs on the hub itself (namespace {}): Bundles targeting it copy \
+             from the workspace into other namespaces of this cluster",
+            a.name, a.agent_namespace
+        );
+        return Ok(());
+    }
+    eprintln!(
+        "apply the agent on the downstream cluster: tender cluster add ... | kubectl apply -f -"
+    );
+    for m in manifests {
         print!("---\n{}", serde_saphyr::to_string(&m)?);
     }
     Ok(())
+}
+
+/// The hub's address from inside the hub cluster, for `--local`.
+pub const IN_CLUSTER_SERVER: &str = "https://kubernetes.default.svc";
+
+/// Server-side applies `manifests` (as `tender-cli`) through `client`, kinds found by
+/// discovery; returns `Kind namespace/name` of each.
+pub async fn apply_manifests(
+    client: &kube::Client,
+    manifests: &[serde_json::Value],
+) -> Result<Vec<String>> {
+    use kube::api::{Api, DynamicObject, Patch, PatchParams};
+    use kube::discovery::{self, Scope};
+    let mut applied = Vec::new();
+    for m in manifests {
+        let object: DynamicObject =
+            serde_json::from_value(m.clone()).context("an agent manifest")?;
+        let types = object
+            .types
+            .clone()
+            .context("an agent manifest without apiVersion/kind")?;
+        let gvk = kube::api::GroupVersionKind::try_from(&types)?;
+        let (resource, caps) = discovery::pinned_kind(client, &gvk)
+            .await
+            .with_context(|| format!("discovering {} {}", types.api_version, types.kind))?;
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let namespace = object.metadata.namespace.clone();
+        let api: Api<DynamicObject> = match (&namespace, caps.scope) {
+            (Some(ns), Scope::Namespaced) => Api::namespaced_with(client.clone(), ns, &resource),
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        api.patch(
+            &name,
+            &PatchParams::apply("tender-cli").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .with_context(|| format!("applying {} {name}", types.kind))?;
+        applied.push(match namespace {
+            Some(ns) => format!("{} {ns}/{name}", types.kind),
+            None => format!("{} {name}", types.kind),
+        });
+    }
+    Ok(applied)
 }
 
 #[cfg(test)]
