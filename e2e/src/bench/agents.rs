@@ -222,26 +222,37 @@ fn start_relay(hub: Client, downs: &HashMap<String, Client>, n: usize) -> Vec<Jo
     tasks
 }
 
-fn agents_bundle(n: usize) -> Bundle {
+/// Targets per Bundle: the CRD allows at most 100.
+const TARGETS_PER_BUNDLE: usize = 100;
+
+/// Bundles deploying the two sources to every cluster, each cluster in its own downstream
+/// namespace `app-<i>` (one target per cluster, so ⌈N/100⌉ Bundles).
+fn agents_bundles(n: usize) -> Vec<Bundle> {
     let entry = |kind: &str, name: &str| DownstreamResource {
         api_version: None,
         kind: kind.into(),
         name: name.into(),
     };
-    Bundle::new(
-        BUNDLE,
-        BundleSpec {
-            targets: (0..n)
-                .map(|i| BundleTarget {
-                    cluster_name: Some(cluster_name(i)),
-                    default_namespace: Some(format!("app-{i:05}")),
-                    ..Default::default()
-                })
-                .collect(),
-            downstream_resources: vec![entry("Secret", "creds"), entry("ConfigMap", "settings")],
-            ..Default::default()
-        },
-    )
+    (0..n)
+        .step_by(TARGETS_PER_BUNDLE)
+        .map(|first| {
+            let spec = BundleSpec {
+                targets: (first..n.min(first + TARGETS_PER_BUNDLE))
+                    .map(|i| BundleTarget {
+                        cluster_name: Some(cluster_name(i)),
+                        default_namespace: Some(format!("app-{i:05}")),
+                        ..Default::default()
+                    })
+                    .collect(),
+                downstream_resources: vec![
+                    entry("Secret", "creds"),
+                    entry("ConfigMap", "settings"),
+                ],
+                ..Default::default()
+            };
+            Bundle::new(&format!("{BUNDLE}-{}", first / TARGETS_PER_BUNDLE), spec)
+        })
+        .collect()
 }
 
 /// Runs the agents benchmark; returns its figures as JSON.
@@ -347,9 +358,11 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
 
     // First deployment.
     let start = Instant::now();
-    Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
-        .create(&pp, &agents_bundle(n))
-        .await?;
+    for bundle in agents_bundles(n) {
+        Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
+            .create(&pp, &bundle)
+            .await?;
+    }
     let (_, missing) = wait_version(&seen, &app_keys, 1, start, timeout).await;
     if missing > 0 {
         bail!("first deployment: {missing} of {n} downstream copies missing after {timeout:?}");
