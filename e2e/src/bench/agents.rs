@@ -17,7 +17,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tender_e2e::agent_harness::{AgentHandle, start_agent};
-use tender_e2e::hub_harness::{agent_kubeconfig, hub_config, start_hub};
+use tender_e2e::hub_harness::{agent_kubeconfig, hub_config, request_series, start_hub};
 use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
 use tender_types::{Bundle, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource};
 use tokio::task::JoinHandle;
@@ -99,6 +99,32 @@ async fn wait_version(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Requests so far by "verb resource[/subresource]", summed over the hub or every agent
+/// (each agent counts its hub and downstream requests in one registry).
+fn requests(registries: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for text in registries {
+        for (verb, res, sub, n) in request_series(&text) {
+            let key = if sub.is_empty() {
+                format!("{verb} {res}")
+            } else {
+                format!("{verb} {res}/{sub}")
+            };
+            *out.entry(key).or_default() += n;
+        }
+    }
+    out
+}
+
+/// `after - before`, non-zero entries only.
+fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 /// p50/p95/p99/max of latencies in ms.
@@ -399,6 +425,9 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     let per_rotation = Duration::from_secs(120);
     let mut tender_lat = Vec::new();
     let mut tender_missing = 0;
+    let hub_requests = || requests(std::iter::once(hub.metrics.encode()));
+    let agent_requests = || requests(agents.iter().map(|a| a.metrics.shared().encode()));
+    let (hub_before, agents_before) = (hub_requests(), agent_requests());
     let before = cpu_now(&pids);
     let t_all = Instant::now();
     for r in 0..args.rotations {
@@ -415,6 +444,19 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     }
     let after = cpu_now(&pids);
     let tender_cpu = after[1] - before[1];
+    let hub_delta = delta(&hub_before, &hub_requests());
+    let agents_delta = delta(&agents_before, &agent_requests());
+    let fmt = |m: &BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("  requests over the rotations, hub: {}", fmt(&hub_delta));
+    println!(
+        "  requests over the rotations, all agents (hub and downstream): {}",
+        fmt(&agents_delta)
+    );
     let p = percentiles(tender_lat);
     println!(
         "  {} rotations through tender in {:.1} s, hub apiserver CPU {tender_cpu:.1} s, {tender_missing} copies missed",
@@ -425,7 +467,8 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     out.insert(
         "tender".into(),
         json!({"rotations": args.rotations, "latency": p, "missing": tender_missing,
-               "hub_apiserver_cpu_s": tender_cpu, "bench_cpu_s": after[0] - before[0]}),
+               "hub_apiserver_cpu_s": tender_cpu, "bench_cpu_s": after[0] - before[0],
+               "hub_requests": hub_delta, "agent_requests": agents_delta}),
     );
 
     // The relay, same run, same clusters.
