@@ -1,6 +1,7 @@
 //! `--agents N`: N Cluster registrations with N in-process agents (`tender_agent::run`, each
 //! with its own narrow hub identity and its own agent namespace), spread over the two
-//! downstream clusters of a hub + 2 environment, then rotations of a copied Secret with the
+//! downstream clusters of a hub + 2 environment and deployed to by ⌈N/100⌉ Bundles (one target
+//! and one downstream namespace per cluster; the CRD allows 100 targets), then rotations of a copied Secret with the
 //! end-to-end latency from the source write to each downstream copy observed changed, beside a
 //! minimal relay in the same run (one fan-out task writing N hub copies, one task per cluster
 //! watching its hub copy and applying it downstream).
