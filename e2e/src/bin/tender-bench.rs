@@ -22,6 +22,12 @@
 //! It checks two invariants at every size and exits non-zero (after printing every figure)
 //! when one fails: the rotation writes exactly 2N times (N Secret copies, N BundleDeployments)
 //! and the hub writes nothing while idle.
+//!
+//! Beside the fan-out and the rotation it measures their baseline in the same run on the same
+//! apiserver (`bench/baseline.rs`: a minimal client writing as many objects of the same sizes
+//! with the same concurrency) and prints each phase's ratio to it. `--agents N` runs N
+//! in-process agents over two downstream clusters instead and measures rotation latency beside
+//! a minimal relay (`bench/agents.rs`). `--json PATH` writes every figure as JSON.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
