@@ -22,6 +22,12 @@
 //! It checks two invariants at every size and exits non-zero (after printing every figure)
 //! when one fails: the rotation writes exactly 2N times (N Secret copies, N BundleDeployments)
 //! and the hub writes nothing while idle.
+//!
+//! Beside the fan-out and the rotation it measures their baseline in the same run on the same
+//! apiserver (`bench/baseline.rs`: a minimal client writing as many objects of the same sizes
+//! with the same concurrency) and prints each phase's ratio to it. `--agents N` runs N
+//! in-process agents over two downstream clusters instead and measures rotation latency beside
+//! a minimal relay (`bench/agents.rs`). `--json PATH` writes every figure as JSON.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
@@ -33,7 +39,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{Api, ObjectMeta, PartialObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, ObjectMeta, PartialObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -45,6 +51,13 @@ use tender_types::{
     Bundle, BundleDeployment, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource,
     Manifest, hash, labels,
 };
+
+#[path = "../bench/agents.rs"]
+mod agents;
+#[path = "../bench/baseline.rs"]
+mod baseline;
+
+use baseline::Baseline;
 
 const WORKSPACE: &str = "bench";
 const BUNDLE: &str = "app";
@@ -61,6 +74,23 @@ struct Args {
     /// Give up on a phase after this many seconds.
     #[arg(long, default_value_t = 900)]
     timeout_seconds: u64,
+    /// Bundles per run, each selecting every cluster and copying the same two sources
+    /// (more than 1 skips the baseline).
+    #[arg(long, default_value_t = 1)]
+    bundles: usize,
+    /// Skip the in-run baseline (a minimal client's writes of the same objects).
+    #[arg(long)]
+    no_baseline: bool,
+    /// Instead of the hub sizes: N Clusters with N in-process agents over two downstream
+    /// clusters, rotation latency beside a minimal relay.
+    #[arg(long)]
+    agents: Option<usize>,
+    /// Rotations measured in `--agents` mode.
+    #[arg(long, default_value_t = 20)]
+    rotations: u32,
+    /// Also write the figures as JSON to this file (e.g. docs/benchmarks/<date>-n1000.json).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
 }
 
 // ---------------------------------------------------------------- processes (/proc)
@@ -115,20 +145,34 @@ impl Pids {
     fn find(env: &TestEnv) -> Result<Pids> {
         let record: EnvRecord =
             serde_json::from_slice(&std::fs::read(env.state_dir().join("env.json"))?)?;
-        let by_cmd = |what: &str| {
+        // The hub's apiserver and controller-manager (an environment may have downstreams).
+        let by_cmd = |what: &str, marker: &str| {
             record
                 .pids
                 .iter()
                 .copied()
-                .find(|p| proc_file(Some(*p), "cmdline").split('\0').nth(1) == Some(what))
-                .with_context(|| format!("no {what} process in env.json"))
+                .find(|p| {
+                    let cmdline = proc_file(Some(*p), "cmdline");
+                    cmdline.split('\0').nth(1) == Some(what) && cmdline.contains(marker)
+                })
+                .with_context(|| format!("no {what} process of the hub in env.json"))
         };
         Ok(Pids {
-            apiserver: by_cmd("kube-apiserver")?,
-            etcd: by_cmd("etcd")?,
-            kcm: by_cmd("kube-controller-manager")?,
+            apiserver: by_cmd("kube-apiserver", &format!("--etcd-prefix=/{HUB}"))?,
+            etcd: by_cmd("etcd", "")?,
+            kcm: by_cmd("kube-controller-manager", &format!("/{HUB}.kubeconfig"))?,
         })
     }
+}
+
+/// CPU seconds so far: bench, apiserver, etcd, controller-manager.
+fn cpu_now(pids: &Pids) -> [f64; 4] {
+    [
+        cpu_secs(None),
+        cpu_secs(Some(pids.apiserver)),
+        cpu_secs(Some(pids.etcd)),
+        cpu_secs(Some(pids.kcm)),
+    ]
 }
 
 // ---------------------------------------------------------------- phases
@@ -152,12 +196,7 @@ fn snap(hub: &HubHandle, pids: &Pids) -> Snap {
     Snap {
         requests: request_series(&text),
         reconciles: [hub.reconciles("cluster"), hub.reconciles("bundle"), errors],
-        cpu: [
-            cpu_secs(None),
-            cpu_secs(Some(pids.apiserver)),
-            cpu_secs(Some(pids.etcd)),
-            cpu_secs(Some(pids.kcm)),
-        ],
+        cpu: cpu_now(pids),
     }
 }
 
@@ -340,14 +379,23 @@ fn config_map() -> ConfigMap {
     }
 }
 
-fn bundle() -> Bundle {
+/// Name of the `i`-th Bundle: `app`, `app-1`, `app-2`, …
+fn bundle_name(i: usize) -> String {
+    if i == 0 {
+        BUNDLE.to_string()
+    } else {
+        format!("{BUNDLE}-{i}")
+    }
+}
+
+fn bundle(name: &str) -> Bundle {
     let entry = |kind: &str, name: &str| DownstreamResource {
         api_version: None,
         kind: kind.into(),
         name: name.into(),
     };
     Bundle::new(
-        BUNDLE,
+        name,
         BundleSpec {
             targets: vec![BundleTarget {
                 cluster_selector: Some(LabelSelector::default()),
@@ -383,7 +431,7 @@ fn has_hash<K>(m: &PartialObjectMeta<K>, want: &str) -> bool {
 
 /// One size: a fresh environment and hub, then the four phases. Returns them, the bench's
 /// RSS before the hub started and the invariants that failed (empty when all hold).
-async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>)> {
+async fn run_size(n: usize, args: &Args) -> Result<Size> {
     let timeout = Duration::from_secs(args.timeout_seconds);
     let env = TestEnv::start(EnvOptions::default()).await?;
     let pids = Pids::find(&env)?;
@@ -400,10 +448,33 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
     Api::<Namespace>::all(admin.clone())
         .create(&pp, &ns)
         .await?;
+    let bundles = args.bundles.max(1);
+    let with_baseline = !args.no_baseline && bundles == 1;
+    if with_baseline {
+        // The baseline's stand-in cluster namespaces, made (and filled by the
+        // controller-manager: ServiceAccount, root CA ConfigMap) before anything is measured.
+        baseline::namespaces(&admin, n).await?;
+        let stand_in = |o: &PartialObjectMeta<ConfigMap>| {
+            o.metadata
+                .namespace
+                .as_deref()
+                .is_some_and(|ns| ns.starts_with("baseline-"))
+        };
+        wait_all(
+            "baseline namespaces filled",
+            Api::<PartialObjectMeta<ConfigMap>>::all(admin.clone()),
+            watcher::Config::default().fields("metadata.name=kube-root-ca.crt"),
+            n,
+            Instant::now(),
+            timeout,
+            stand_in,
+        )
+        .await?;
+    }
     let rss_before = own_rss_mb();
     let hub = start_hub(&env, hub_config(WORKSPACE)).await?;
     println!(
-        "N={n}: environment up; bench RSS {rss_before:.0} MB before the hub, {:.0} MB with an idle hub; apiserver {:.0} MB",
+        "N={n} x {bundles} Bundle(s): environment up; bench RSS {rss_before:.0} MB before the hub, {:.0} MB with an idle hub; apiserver {:.0} MB",
         own_rss_mb(),
         mem_mb(Some(pids.apiserver), "VmRSS")
     );
@@ -457,18 +528,22 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
     let c_hash = hash::config_map_hash(&settings);
     let bds: Api<BundleDeployment> = Api::all(admin.clone());
     let secret_copies: Api<PartialObjectMeta<Secret>> = Api::all(admin.clone());
-    let copies = format!(",{}={BUNDLE}", labels::BUNDLE_NAME);
+    let copies = format!(",{}", labels::BUNDLE_NAME);
+    // Every BundleDeployment and every copy: N per Bundle.
+    let nb = n * bundles;
     let before = snap(&hub, &pids);
     let start = Instant::now();
-    Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
-        .create(&pp, &bundle())
-        .await?;
+    for b in 0..bundles {
+        Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
+            .create(&pp, &bundle(&bundle_name(b)))
+            .await?;
+    }
     let (t_bd, t_secret, t_cm) = tokio::try_join!(
         wait_all(
             "BundleDeployments",
             bds.clone(),
             in_ws(""),
-            n,
+            nb,
             start,
             timeout,
             |bd| lists_copy(bd, "creds", &s_hash) && lists_copy(bd, "settings", &c_hash),
@@ -477,7 +552,7 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
             "Secret copies",
             secret_copies.clone(),
             in_ws(&copies),
-            n,
+            nb,
             start,
             timeout,
             |m| has_hash(m, &s_hash),
@@ -486,7 +561,7 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
             "ConfigMap copies",
             Api::<PartialObjectMeta<ConfigMap>>::all(admin.clone()),
             in_ws(&copies),
-            n,
+            nb,
             start,
             timeout,
             |m| has_hash(m, &c_hash),
@@ -504,6 +579,22 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
         &snap(&hub, &pids),
         &pids,
     ));
+    // The baseline's third object is as large as one BundleDeployment's spec.
+    let one_bd = ListParams::default()
+        .labels(&format!("{}={WORKSPACE}", labels::WORKSPACE))
+        .limit(1);
+    let one = bds.list(&one_bd).await?;
+    let bd = one.items.first().context("no BundleDeployment")?;
+    let first_bd = bd.clone();
+    let bd_bytes = serde_json::to_vec(&bd.spec)?.len();
+    let bd_stored = serde_json::to_vec(bd)?.len();
+    println!(
+        "  (a BundleDeployment: spec {bd_bytes} bytes, {bd_stored} bytes stored with metadata and managedFields)"
+    );
+    let mut baselines = Vec::new();
+    if with_baseline {
+        baselines.push(baseline::fan_out(&admin, &pids, n, bd_bytes).await?);
+    }
 
     // Rotation: only the Secret changes.
     let before = snap(&hub, &pids);
@@ -516,9 +607,9 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
     let (t_bd, t_secret) = tokio::try_join!(
         wait_all(
             "rotated BundleDeployments",
-            bds,
+            bds.clone(),
             in_ws(""),
-            n,
+            nb,
             start,
             timeout,
             |bd| lists_copy(bd, "creds", &s_hash),
@@ -527,7 +618,7 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
             "rotated Secret copies",
             secret_copies,
             in_ws(&copies),
-            n,
+            nb,
             start,
             timeout,
             |m| has_hash(m, &s_hash),
@@ -542,6 +633,14 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
         &snap(&hub, &pids),
         &pids,
     ));
+    if with_baseline {
+        baselines.push(baseline::rotation(&admin, &pids, n, bd_bytes).await?);
+        let one = bds.list(&one_bd).await?;
+        let rotated = one.items.first().context("no BundleDeployment")?;
+        let (create, apply) =
+            baseline::bundle_deployments(&admin, &pids, n, &first_bd, rotated).await?;
+        baselines.extend([create, apply]);
+    }
 
     // Idle: nothing changes; the hub must not write.
     let before = snap(&hub, &pids);
@@ -551,6 +650,18 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
 
     for p in &phases {
         p.print(n);
+    }
+    for (p, b) in phases[1..3].iter().zip(&baselines) {
+        compare(p, b);
+    }
+    if let [_, _, create, apply] = baselines.as_slice() {
+        println!(
+            "  BundleDeployments alone (N real ones, no hub, server-side apply): create {:.1} s, apiserver {:.2} ms/write; rotated spec {:.1} s, apiserver {:.2} ms/write",
+            create.secs,
+            ms_per_write(create.cpu[1], create.writes),
+            apply.secs,
+            ms_per_write(apply.cpu[1], apply.writes),
+        );
     }
     let (rotation, idle) = (&phases[2], &phases[3]);
     let copy_writes = rotation.count(|v, r| v == "patch" && r == "secrets");
@@ -563,12 +674,12 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
         if ok { "OK" } else { "FAILED" }
     };
     let rotation_line = format!(
-        "rotation: {} writes = {copy_writes} Secret copies + {bd_writes} BundleDeployments + {} other (expected 2N = {})",
+        "rotation: {} writes = {copy_writes} Secret copies + {bd_writes} BundleDeployments + {} other (expected 2 x clusters x Bundles = {})",
         rotation.writes(),
         rotation.writes() - copy_writes - bd_writes,
-        2 * n,
+        2 * nb,
     );
-    let verdict = check(rotation.writes() == 2 * n as u64, rotation_line.clone());
+    let verdict = check(rotation.writes() == 2 * nb as u64, rotation_line.clone());
     println!("  {rotation_line} {verdict}");
     let idle_line = format!(
         "idle {} s: {} writes (expected 0)",
@@ -579,7 +690,138 @@ async fn run_size(n: usize, args: &Args) -> Result<(Vec<Phase>, f64, Vec<String>
     println!("  {idle_line} {verdict}");
     hub.stop().await?;
     drop(env);
-    Ok((phases, rss_before, failed))
+    Ok(Size {
+        n,
+        bundles,
+        peak_rss: mem_mb(None, "VmHWM"),
+        phases,
+        rss_before,
+        baselines,
+        bd_bytes,
+        failed,
+    })
+}
+
+/// One size's results.
+struct Size {
+    n: usize,
+    bundles: usize,
+    /// The bench process's VmHWM after this size (the process peak so far).
+    peak_rss: f64,
+    phases: Vec<Phase>,
+    rss_before: f64,
+    /// Fan-out and rotation baselines, then N real BundleDeployments created and applied
+    /// (empty with `--no-baseline`).
+    baselines: Vec<Baseline>,
+    bd_bytes: usize,
+    failed: Vec<String>,
+}
+
+/// Milliseconds of apiserver CPU per write.
+fn ms_per_write(cpu: f64, writes: u64) -> f64 {
+    if writes == 0 {
+        0.0
+    } else {
+        cpu * 1000.0 / writes as f64
+    }
+}
+
+/// One hub phase beside its baseline.
+fn compare(p: &Phase, b: &Baseline) {
+    let (hub_w, base_w) = (p.writes(), b.writes);
+    println!(
+        "  {:<9} vs baseline: wall {:.1} s / {:.1} s = {} | writes {hub_w} / {base_w} | apiserver CPU {:.1} s / {:.1} s = {} | apiserver ms/write {:.2} / {:.2} = {} | etcd CPU {:.1} s / {:.1} s",
+        p.name,
+        p.secs,
+        b.secs,
+        ratio(p.secs, b.secs),
+        p.cpu[1],
+        b.cpu[1],
+        ratio(p.cpu[1], b.cpu[1]),
+        ms_per_write(p.cpu[1], hub_w),
+        ms_per_write(b.cpu[1], base_w),
+        ratio(
+            ms_per_write(p.cpu[1], hub_w),
+            ms_per_write(b.cpu[1], base_w)
+        ),
+        p.cpu[2],
+        b.cpu[2],
+    );
+}
+
+fn cpu_json(c: &[f64; 4]) -> serde_json::Value {
+    serde_json::json!({"bench": c[0], "apiserver": c[1], "etcd": c[2], "kcm": c[3]})
+}
+
+/// A size's figures as JSON.
+fn size_json(s: &Size) -> serde_json::Value {
+    let phases: Vec<_> = s
+        .phases
+        .iter()
+        .map(|p| {
+            let requests: BTreeMap<String, u64> = p
+                .requests
+                .iter()
+                .map(|((v, r), n)| (format!("{v} {r}"), *n))
+                .collect();
+            serde_json::json!({
+                "phase": p.name, "seconds": p.secs, "writes": p.writes(), "requests": requests,
+                "reconciles": {"cluster": p.reconciles[0], "bundle": p.reconciles[1],
+                               "failed": p.reconciles[2]},
+                "cpu_s": cpu_json(&p.cpu),
+                "apiserver_ms_per_write": ms_per_write(p.cpu[1], p.writes()),
+                "bench_rss_mb": p.rss, "apiserver_rss_mb": p.apiserver_rss,
+            })
+        })
+        .collect();
+    let baselines: Vec<_> = s
+        .phases
+        .get(1..3)
+        .unwrap_or_default()
+        .iter()
+        .zip(&s.baselines)
+        .map(|(p, b)| {
+            serde_json::json!({
+                "phase": p.name, "seconds": b.secs, "writes": b.writes, "cpu_s": cpu_json(&b.cpu),
+                "apiserver_ms_per_write": ms_per_write(b.cpu[1], b.writes),
+                "ratio": {"wall": p.secs / b.secs, "apiserver_cpu": p.cpu[1] / b.cpu[1],
+                          "apiserver_ms_per_write": ms_per_write(p.cpu[1], p.writes())
+                              / ms_per_write(b.cpu[1], b.writes)},
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "clusters": s.n, "bundles": s.bundles,
+        "bench_peak_rss_mb_so_far": s.peak_rss, "bench_rss_before_hub_mb": s.rss_before,
+        "bundle_deployment_spec_bytes": s.bd_bytes,
+        "phases": phases, "baselines": baselines, "failed_invariants": s.failed,
+        "bundle_deployments_alone": s.baselines.get(2..4).map(|b| {
+            let one = |b: &Baseline| serde_json::json!({"seconds": b.secs, "writes": b.writes,
+                "cpu_s": cpu_json(&b.cpu), "apiserver_ms_per_write": ms_per_write(b.cpu[1], b.writes)});
+            serde_json::json!({"create": one(&b[0]), "apply_rotated": one(&b[1])})
+        }),
+    })
+}
+
+/// Machine and run facts for the JSON file.
+fn run_json(args: &[String]) -> serde_json::Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpu
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string());
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    serde_json::json!({
+        "command": args.join(" "),
+        "unix_time": std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpu_model": model,
+        "loadavg_at_end": loadavg.trim(),
+        "kubernetes": tender_e2e::KUBERNETES_VERSION,
+        "release_build": !cfg!(debug_assertions),
+    })
 }
 
 fn ratio(a: f64, b: f64) -> String {
@@ -590,7 +832,11 @@ fn ratio(a: f64, b: f64) -> String {
     }
 }
 
-fn print_summary(results: &[(usize, Vec<Phase>, f64)]) {
+fn print_summary(sizes: &[Size]) {
+    let results: Vec<(usize, &[Phase], f64)> = sizes
+        .iter()
+        .map(|s| (s.n, s.phases.as_slice(), s.rss_before))
+        .collect();
     println!(
         "\n{:>6} | {:>11} {:>9} {:>10} | {:>26} | {:>23} | {:>20} | {:>9}",
         "N",
@@ -602,8 +848,8 @@ fn print_summary(results: &[(usize, Vec<Phase>, f64)]) {
         "bench RSS MB (hub Δ)",
         "apisrv MB"
     );
-    for (n, p, rss_before) in results {
-        let ms = |i: usize| p[i].secs * 1000.0 / *n as f64;
+    for &(n, p, rss_before) in &results {
+        let ms = |i: usize| p[i].secs * 1000.0 / n as f64;
         let writes: Vec<String> = p.iter().map(|q| q.writes().to_string()).collect();
         println!(
             "{:>6} | {:>11.1} {:>9.1} {:>10.1} | {:>26} | {:>23} | {:>20} | {:>9.0}",
@@ -624,7 +870,7 @@ fn print_summary(results: &[(usize, Vec<Phase>, f64)]) {
         "{:>6} | {:>24} | {:>24} | {:>24}",
         "N", "provision", "fan-out", "rotation"
     );
-    for (n, p, _) in results {
+    for &(n, p, _) in &results {
         let cpu = |q: &Phase| {
             let c = q.cpu;
             format!("{:.1}/{:.1}/{:.1}/{:.1}", c[0], c[1], c[2], c[3])
@@ -639,8 +885,8 @@ fn print_summary(results: &[(usize, Vec<Phase>, f64)]) {
     }
 
     let (n0, base, base_rss) = &results[0];
-    for (n, p, rss_before) in &results[1..] {
-        let scale = *n as f64 / *n0 as f64;
+    for &(n, p, rss_before) in &results[1..] {
+        let scale = n as f64 / *n0 as f64;
         println!("\nN={n} vs N={n0} (x{scale:.0} clusters; per cluster x1.00 = linear):");
         let all = |q: &Phase| q.cpu.iter().sum::<f64>();
         for i in 0..3 {
@@ -677,14 +923,28 @@ async fn main() -> Result<()> {
         tender_runtime::LogFormat::Text,
         "warn,kube_client=off,kube_runtime=off",
     )?;
-    let mut results = Vec::new();
-    let mut failed = Vec::new();
-    for &n in &args.clusters {
-        let (phases, rss_before, failures) = run_size(n, &args).await?;
-        results.push((n, phases, rss_before));
-        failed.extend(failures);
+    let argv: Vec<String> = std::env::args().collect();
+    let write_json = |body: serde_json::Value| -> Result<()> {
+        if let Some(path) = &args.json {
+            let mut doc = run_json(&argv);
+            doc["results"] = body;
+            std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("figures written to {}", path.display());
+        }
+        Ok(())
+    };
+    if let Some(n) = args.agents {
+        let figures = agents::run(n, &args).await?;
+        return write_json(figures);
     }
-    print_summary(&results);
+    let mut sizes = Vec::new();
+    for &n in &args.clusters {
+        sizes.push(run_size(n, &args).await?);
+    }
+    print_summary(&sizes);
+    let failed: Vec<&String> = sizes.iter().flat_map(|s| &s.failed).collect();
+    write_json(serde_json::json!({"sizes": sizes.iter().map(size_json).collect::<Vec<_>>()}))?;
     if !failed.is_empty() {
         for f in &failed {
             eprintln!("invariant failed: {f}");

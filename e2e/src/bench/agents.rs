@@ -1,0 +1,555 @@
+//! `--agents N`: N Cluster registrations with N in-process agents (`tender_agent::run`, each
+//! with its own narrow hub identity and its own agent namespace), spread over the two
+//! downstream clusters of a hub + 2 environment and deployed to by ⌈N/100⌉ Bundles (one target
+//! and one downstream namespace per cluster; the CRD allows 100 targets), then rotations of a copied Secret with the
+//! end-to-end latency from the source write to each downstream copy observed changed, beside a
+//! minimal relay in the same run (one fan-out task writing N hub copies, one task per cluster
+//! watching its hub copy and applying it downstream).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use tender_e2e::agent_harness::{AgentHandle, start_agent};
+use tender_e2e::hub_harness::{agent_kubeconfig, hub_config, request_series, start_hub};
+use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
+use tender_types::{Bundle, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource};
+use tokio::task::JoinHandle;
+
+use crate::{
+    Args, BUNDLE, Pids, WORKSPACE, config_map, cpu_now, mem_mb, own_rss_mb, secret, wait_all,
+};
+
+const IN_FLIGHT: usize = 16;
+const RELAY_MANAGER: &str = "tender-bench-relay";
+const RELAY_SOURCE: &str = "relay-src";
+
+/// When each downstream copy (`downstream/namespace`) was first seen at each version.
+type Seen = Arc<Mutex<HashMap<String, BTreeMap<u32, Instant>>>>;
+
+/// The rotation number a copy carries (`payload` starts with `rotation <v> `).
+fn version(s: &Secret) -> Option<u32> {
+    let data = s.data.as_ref()?.get("password")?;
+    let text = std::str::from_utf8(&data.0).ok()?;
+    text.strip_prefix("rotation ")?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Watches Secrets named `creds` in every namespace of `client`'s cluster and records when
+/// each version of each copy is first seen.
+fn observe(client: Client, downstream: String, seen: Seen) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let config = watcher::Config::default().fields("metadata.name=creds");
+        let mut events = watcher(Api::<Secret>::all(client), config)
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let now = Instant::now();
+            let s = match event {
+                Ok(watcher::Event::Apply(s) | watcher::Event::InitApply(s)) => s,
+                _ => continue,
+            };
+            let (Some(v), Some(ns)) = (version(&s), s.metadata.namespace.as_ref()) else {
+                continue;
+            };
+            let mut seen = seen.lock().expect("seen lock");
+            let entry = seen.entry(format!("{downstream}/{ns}")).or_default();
+            entry.entry(v).or_insert(now);
+        }
+    })
+}
+
+/// Waits until every key in `keys` has been seen at version `v`; returns the latencies in ms
+/// from `start` and the keys still missing at the deadline.
+async fn wait_version(
+    seen: &Seen,
+    keys: &[String],
+    v: u32,
+    start: Instant,
+    timeout: Duration,
+) -> (Vec<f64>, usize) {
+    let deadline = start + timeout;
+    loop {
+        let (lat, missing) = {
+            let seen = seen.lock().expect("seen lock");
+            let mut lat = Vec::with_capacity(keys.len());
+            for k in keys {
+                // A later version seen first also proves this one was overtaken; count it.
+                let first = seen
+                    .get(k)
+                    .and_then(|m| m.range(v..).map(|(_, t)| *t).min());
+                if let Some(t) = first {
+                    lat.push(t.saturating_duration_since(start).as_secs_f64() * 1000.0);
+                }
+            }
+            let missing = keys.len() - lat.len();
+            (lat, missing)
+        };
+        if missing == 0 || Instant::now() > deadline {
+            return (lat, missing);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Requests so far by "verb resource[/subresource]", summed over the hub or every agent
+/// (each agent counts its hub and downstream requests in one registry).
+fn requests(registries: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for text in registries {
+        for (verb, res, sub, n) in request_series(&text) {
+            let key = if sub.is_empty() {
+                format!("{verb} {res}")
+            } else {
+                format!("{verb} {res}/{sub}")
+            };
+            *out.entry(key).or_default() += n;
+        }
+    }
+    out
+}
+
+/// `after - before`, non-zero entries only.
+fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// p50/p95/p99/max of latencies in ms.
+fn percentiles(mut v: Vec<f64>) -> Value {
+    if v.is_empty() {
+        return json!(null);
+    }
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1];
+    json!({"samples": v.len(), "p50_ms": at(0.50), "p95_ms": at(0.95), "p99_ms": at(0.99),
+           "max_ms": v[v.len() - 1]})
+}
+
+fn show(what: &str, p: &Value) {
+    println!(
+        "  {what:<6} latency over {} copies: p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
+        p["samples"],
+        p["p50_ms"].as_f64().unwrap_or(0.0),
+        p["p95_ms"].as_f64().unwrap_or(0.0),
+        p["p99_ms"].as_f64().unwrap_or(0.0),
+        p["max_ms"].as_f64().unwrap_or(0.0)
+    );
+}
+
+fn cluster_name(i: usize) -> String {
+    format!("c-{i:05}")
+}
+
+/// Downstream cluster of cluster `i`: alternately downstream-1 and downstream-2.
+fn downstream_of(i: usize) -> String {
+    downstream_name(i % 2 + 1)
+}
+
+async fn create_namespaces(client: &Client, names: Vec<String>) -> Result<()> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let creates = names.into_iter().map(|name| {
+        let api = api.clone();
+        async move {
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            match api.create(&PostParams::default(), &ns).await {
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                r => r.map(|_| ()),
+            }
+        }
+    });
+    let results: Vec<_> = stream::iter(creates)
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    results.into_iter().collect::<kube::Result<Vec<()>>>()?;
+    Ok(())
+}
+
+/// The relay: a fan-out task that writes the source's data into `relay-<i>/creds` on the hub
+/// for every cluster whenever the source changes, and one task per cluster that applies its
+/// hub copy to `relay-<i>/creds` downstream.
+fn start_relay(hub: Client, downs: &HashMap<String, Client>, n: usize) -> Vec<JoinHandle<()>> {
+    let pp = PatchParams::apply(RELAY_MANAGER).force();
+    let mut tasks = Vec::new();
+    let (hub_fan, pp_fan) = (hub.clone(), pp.clone());
+    tasks.push(tokio::spawn(async move {
+        let source: Api<Secret> = Api::namespaced(hub_fan.clone(), WORKSPACE);
+        let config = watcher::Config::default().fields(&format!("metadata.name={RELAY_SOURCE}"));
+        let mut events = watcher(source, config)
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        let mut last = String::new();
+        while let Some(item) = events.next().await {
+            let Ok(s) = item else { continue };
+            let rv = s.metadata.resource_version.clone().unwrap_or_default();
+            if rv == last {
+                continue;
+            }
+            last = rv;
+            let writes = (0..n).map(|i| {
+                let api: Api<Secret> = Api::namespaced(hub_fan.clone(), &format!("relay-{i:05}"));
+                let mut copy = secret(0);
+                copy.data = s.data.clone();
+                let pp = pp_fan.clone();
+                async move { api.patch("creds", &pp, &Patch::Apply(&copy)).await }
+            });
+            let results: Vec<_> = stream::iter(writes)
+                .buffer_unordered(IN_FLIGHT)
+                .collect()
+                .await;
+            for r in results {
+                if let Err(e) = r {
+                    eprintln!("relay fan-out: {e}");
+                }
+            }
+        }
+    }));
+    for i in 0..n {
+        let ns = format!("relay-{i:05}");
+        let hub_copy: Api<Secret> = Api::namespaced(hub.clone(), &ns);
+        let down: Api<Secret> = Api::namespaced(downs[&downstream_of(i)].clone(), &ns);
+        let pp = pp.clone();
+        tasks.push(tokio::spawn(async move {
+            let config = watcher::Config::default().fields("metadata.name=creds");
+            let mut events = watcher(hub_copy, config)
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(item) = events.next().await {
+                let Ok(s) = item else { continue };
+                let mut copy = secret(0);
+                copy.data = s.data;
+                if let Err(e) = down.patch("creds", &pp, &Patch::Apply(&copy)).await {
+                    eprintln!("relay {ns}: {e}");
+                }
+            }
+        }));
+    }
+    tasks
+}
+
+/// Targets per Bundle: the CRD allows at most 100.
+const TARGETS_PER_BUNDLE: usize = 100;
+
+/// Bundles deploying the two sources to every cluster, each cluster in its own downstream
+/// namespace `app-<i>` (one target per cluster, so ⌈N/100⌉ Bundles).
+fn agents_bundles(n: usize) -> Vec<Bundle> {
+    let entry = |kind: &str, name: &str| DownstreamResource {
+        api_version: None,
+        kind: kind.into(),
+        name: name.into(),
+    };
+    (0..n)
+        .step_by(TARGETS_PER_BUNDLE)
+        .map(|first| {
+            let spec = BundleSpec {
+                targets: (first..n.min(first + TARGETS_PER_BUNDLE))
+                    .map(|i| BundleTarget {
+                        cluster_name: Some(cluster_name(i)),
+                        default_namespace: Some(format!("app-{i:05}")),
+                        ..Default::default()
+                    })
+                    .collect(),
+                downstream_resources: vec![
+                    entry("Secret", "creds"),
+                    entry("ConfigMap", "settings"),
+                ],
+                ..Default::default()
+            };
+            Bundle::new(&format!("{BUNDLE}-{}", first / TARGETS_PER_BUNDLE), spec)
+        })
+        .collect()
+}
+
+/// Runs the agents benchmark; returns its figures as JSON.
+pub async fn run(n: usize, args: &Args) -> Result<Value> {
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let env = TestEnv::start(EnvOptions {
+        downstream: 2,
+        state_dir: None,
+    })
+    .await?;
+    let pids = Pids::find(&env)?;
+    let admin = env.client(HUB).await?;
+    install_crds(&admin).await?;
+    create_namespaces(&admin, vec![WORKSPACE.into()]).await?;
+    let mut downs = HashMap::new();
+    for d in [downstream_name(1), downstream_name(2)] {
+        downs.insert(d.clone(), env.client(&d).await?);
+    }
+    let hub = start_hub(&env, hub_config(WORKSPACE)).await?;
+    let rss_start = own_rss_mb();
+    let mut out = serde_json::Map::new();
+    out.insert("agents".into(), json!(n));
+
+    // Registrations, then sources.
+    let clusters: Api<Cluster> = Api::namespaced(admin.clone(), WORKSPACE);
+    let start = Instant::now();
+    let provisioned = wait_all(
+        "provisioned Clusters",
+        clusters.clone(),
+        watcher::Config::default(),
+        n,
+        start,
+        timeout,
+        |c: &Cluster| c.status.as_ref().is_some_and(|s| s.namespace.is_some()),
+    );
+    let register = async {
+        let creates = (0..n).map(|i| {
+            let c = Cluster::new(&cluster_name(i), ClusterSpec::default());
+            let api = clusters.clone();
+            async move { api.create(&PostParams::default(), &c).await.map(|_| ()) }
+        });
+        let results: Vec<_> = stream::iter(creates)
+            .buffer_unordered(IN_FLIGHT)
+            .collect()
+            .await;
+        results.into_iter().collect::<kube::Result<Vec<()>>>()?;
+        Ok::<(), anyhow::Error>(())
+    };
+    let (secs, ()) = tokio::try_join!(provisioned, register)?;
+    println!("agents N={n}: {n} Clusters provisioned in {secs:.1} s");
+    out.insert("provision_s".into(), json!(secs));
+    let pp = PostParams::default();
+    let sources: Api<Secret> = Api::namespaced(admin.clone(), WORKSPACE);
+    sources.create(&pp, &secret(1)).await?;
+    Api::<ConfigMap>::namespaced(admin.clone(), WORKSPACE)
+        .create(&pp, &config_map())
+        .await?;
+
+    // Agents: own identity (token of the cluster's ServiceAccount), own agent namespace.
+    let start = Instant::now();
+    let kubeconfigs: Vec<_> = stream::iter((0..n).map(|i| {
+        let (env, admin) = (&env, &admin);
+        async move { agent_kubeconfig(env, admin, WORKSPACE, &cluster_name(i)).await }
+    }))
+    .buffered(IN_FLIGHT)
+    .collect()
+    .await;
+    let mut agents: Vec<AgentHandle> = Vec::with_capacity(n);
+    for (i, kc) in kubeconfigs.into_iter().enumerate() {
+        let mut config = tender_agent::AgentConfig::new(WORKSPACE, &cluster_name(i));
+        config.agent_namespace = format!("tender-agent-{i:05}");
+        agents.push(start_agent(&env, &kc?, &downstream_of(i), config).await?);
+    }
+    let deadline = Instant::now() + timeout;
+    while agents.iter().any(|a| !a.health.is_ready()) {
+        if let Some(a) = agents.iter().find(|a| a.is_finished()) {
+            bail!("agent of {} ended during start-up", a.config.cluster_name);
+        }
+        if Instant::now() > deadline {
+            bail!("agents not ready after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "  {n} agents started and ready in {secs:.1} s; bench RSS {:.0} MB",
+        own_rss_mb()
+    );
+    out.insert("agents_ready_s".into(), json!(secs));
+
+    // Observers of every downstream `creds` Secret.
+    let seen: Seen = Arc::default();
+    let observers: Vec<_> = downs
+        .iter()
+        .map(|(d, c)| observe(c.clone(), d.clone(), seen.clone()))
+        .collect();
+    let app_keys: Vec<String> = (0..n)
+        .map(|i| format!("{}/app-{i:05}", downstream_of(i)))
+        .collect();
+    let relay_keys: Vec<String> = (0..n)
+        .map(|i| format!("{}/relay-{i:05}", downstream_of(i)))
+        .collect();
+
+    // First deployment.
+    let start = Instant::now();
+    for bundle in agents_bundles(n) {
+        Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
+            .create(&pp, &bundle)
+            .await?;
+    }
+    let (_, missing) = wait_version(&seen, &app_keys, 1, start, timeout).await;
+    if missing > 0 {
+        bail!("first deployment: {missing} of {n} downstream copies missing after {timeout:?}");
+    }
+    let secs = start.elapsed().as_secs_f64();
+    println!("  first deployment: every downstream copy present after {secs:.1} s");
+    out.insert("first_deploy_s".into(), json!(secs));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // Idle with N agents watching (heartbeats every 30 s included).
+    let before = cpu_now(&pids);
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let after = cpu_now(&pids);
+    let idle_cpu: Vec<f64> = (0..4).map(|i| after[i] - before[i]).collect();
+    let apiserver_rss = mem_mb(Some(pids.apiserver), "VmRSS");
+    println!(
+        "  idle {} s with {n} agents: CPU s bench {:.1} hub apiserver {:.1} etcd {:.1} ({:.1}% of a core for the hub apiserver); hub apiserver RSS {apiserver_rss:.0} MB; bench RSS {:.0} MB (+{:.0} since the hub started)",
+        args.idle_seconds,
+        idle_cpu[0],
+        idle_cpu[1],
+        idle_cpu[2],
+        idle_cpu[1] * 100.0 / args.idle_seconds as f64,
+        own_rss_mb(),
+        own_rss_mb() - rss_start,
+    );
+    out.insert(
+        "idle".into(),
+        json!({"seconds": args.idle_seconds, "cpu_s": {"bench": idle_cpu[0],
+        "hub_apiserver": idle_cpu[1], "etcd": idle_cpu[2], "hub_kcm": idle_cpu[3]},
+        "hub_apiserver_rss_mb": apiserver_rss, "bench_rss_mb": own_rss_mb()}),
+    );
+
+    // Rotations through tender.
+    let per_rotation = Duration::from_secs(120);
+    let mut tender_lat = Vec::new();
+    let mut tender_missing = 0;
+    let hub_requests = || requests(std::iter::once(hub.metrics.encode()));
+    let agent_requests = || requests(agents.iter().map(|a| a.metrics.shared().encode()));
+    let (hub_before, agents_before) = (hub_requests(), agent_requests());
+    let before = cpu_now(&pids);
+    let t_all = Instant::now();
+    for r in 0..args.rotations {
+        let v = 2 + r;
+        let start = Instant::now();
+        let patch = Patch::Merge(json!({"data": secret(v).data}));
+        sources
+            .patch("creds", &PatchParams::default(), &patch)
+            .await?;
+        let (lat, missing) = wait_version(&seen, &app_keys, v, start, per_rotation).await;
+        tender_missing += missing;
+        tender_lat.extend(lat);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let after = cpu_now(&pids);
+    let tender_cpu = after[1] - before[1];
+    let hub_delta = delta(&hub_before, &hub_requests());
+    let agents_delta = delta(&agents_before, &agent_requests());
+    let fmt = |m: &BTreeMap<String, u64>| {
+        m.iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("  requests over the rotations, hub: {}", fmt(&hub_delta));
+    println!(
+        "  requests over the rotations, all agents (hub and downstream): {}",
+        fmt(&agents_delta)
+    );
+    let p = percentiles(tender_lat);
+    println!(
+        "  {} rotations through tender in {:.1} s, hub apiserver CPU {tender_cpu:.1} s, {tender_missing} copies missed",
+        args.rotations,
+        t_all.elapsed().as_secs_f64()
+    );
+    show("tender", &p);
+    out.insert(
+        "tender".into(),
+        json!({"rotations": args.rotations, "latency": p, "missing": tender_missing,
+               "hub_apiserver_cpu_s": tender_cpu, "bench_cpu_s": after[0] - before[0],
+               "hub_requests": hub_delta, "agent_requests": agents_delta}),
+    );
+
+    // The relay, same run, same clusters.
+    let mut relay_ns: HashMap<String, Vec<String>> = HashMap::new();
+    for i in 0..n {
+        relay_ns
+            .entry(downstream_of(i))
+            .or_default()
+            .push(format!("relay-{i:05}"));
+    }
+    create_namespaces(&admin, (0..n).map(|i| format!("relay-{i:05}")).collect()).await?;
+    for (d, names) in relay_ns {
+        create_namespaces(&downs[&d], names).await?;
+    }
+    let relay = start_relay(admin.clone(), &downs, n);
+    let mut src = secret(1);
+    src.metadata.name = Some(RELAY_SOURCE.into());
+    sources.create(&pp, &src).await?;
+    let (_, missing) = wait_version(&seen, &relay_keys, 1, Instant::now(), timeout).await;
+    if missing > 0 {
+        bail!("relay: {missing} of {n} downstream copies missing after {timeout:?}");
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut relay_lat = Vec::new();
+    let mut relay_missing = 0;
+    let before = cpu_now(&pids);
+    let t_all = Instant::now();
+    for r in 0..args.rotations {
+        let v = 2 + r;
+        let start = Instant::now();
+        let patch = Patch::Merge(json!({"data": secret(v).data}));
+        sources
+            .patch(RELAY_SOURCE, &PatchParams::default(), &patch)
+            .await?;
+        let (lat, missing) = wait_version(&seen, &relay_keys, v, start, per_rotation).await;
+        relay_missing += missing;
+        relay_lat.extend(lat);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let after = cpu_now(&pids);
+    let relay_cpu = after[1] - before[1];
+    let q = percentiles(relay_lat);
+    println!(
+        "  {} rotations through the relay in {:.1} s, hub apiserver CPU {relay_cpu:.1} s, {relay_missing} copies missed",
+        args.rotations,
+        t_all.elapsed().as_secs_f64()
+    );
+    show("relay", &q);
+    let ratio = |k: &str| {
+        let (a, b) = (p[k].as_f64().unwrap_or(0.0), q[k].as_f64().unwrap_or(0.0));
+        if b > 0.0 { a / b } else { 0.0 }
+    };
+    println!(
+        "  tender / relay: p50 x{:.2}, p95 x{:.2}, p99 x{:.2}, max x{:.2}; hub apiserver CPU x{:.2}",
+        ratio("p50_ms"),
+        ratio("p95_ms"),
+        ratio("p99_ms"),
+        ratio("max_ms"),
+        if relay_cpu > 0.0 {
+            tender_cpu / relay_cpu
+        } else {
+            0.0
+        }
+    );
+    out.insert(
+        "relay".into(),
+        json!({"rotations": args.rotations, "latency": q, "missing": relay_missing,
+               "hub_apiserver_cpu_s": relay_cpu, "bench_cpu_s": after[0] - before[0]}),
+    );
+
+    for t in relay.into_iter().chain(observers) {
+        t.abort();
+    }
+    for a in agents {
+        a.kill().await;
+    }
+    hub.stop().await.context("stopping the hub")?;
+    drop(env);
+    if tender_missing > 0 || relay_missing > 0 {
+        bail!("{tender_missing} tender and {relay_missing} relay copies never arrived");
+    }
+    Ok(Value::Object(out))
+}

@@ -1,0 +1,188 @@
+//! The in-run baseline of the hub phases: a minimal client writing the same number of objects
+//! of the same sizes, with the same concurrency, to the same apiserver.
+//!
+//! The hub reconciles 16 clusters at a time and writes a cluster's objects one after the
+//! other; the baseline does the same, one fresh namespace standing in for each cluster
+//! namespace (created before the clock starts). Fan-out creates a 3 KB Secret, a 3 KB
+//! ConfigMap and a ConfigMap as large as one BundleDeployment's spec per namespace; rotation
+//! server-side applies a changed Secret and a changed BundleDeployment-sized ConfigMap per
+//! namespace (2N writes, like the hub).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::Client;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use tender_types::BundleDeployment;
+
+use crate::{Pids, config_map, cpu_now, payload, secret};
+
+/// Clusters the hub reconciles at once (`crates/hub/src/bundle/mod.rs`), and so the
+/// baseline's namespaces in flight.
+const IN_FLIGHT: usize = 16;
+const FIELD_MANAGER: &str = "tender-bench-baseline";
+
+/// What one baseline phase cost.
+#[derive(Debug, Clone)]
+pub struct Baseline {
+    /// Seconds until the last write returned, plus the same 3 s quiet tail the hub phases
+    /// wait for (excluded from `secs`, included in `cpu`).
+    pub secs: f64,
+    pub writes: u64,
+    /// CPU seconds: bench, apiserver, etcd, controller-manager.
+    pub cpu: [f64; 4],
+}
+
+fn namespace(i: usize) -> String {
+    format!("baseline-{i:05}")
+}
+
+/// Creates the N stand-in cluster namespaces (not measured).
+pub async fn namespaces(admin: &Client, n: usize) -> Result<()> {
+    let api: Api<Namespace> = Api::all(admin.clone());
+    let creates = (0..n).map(|i| {
+        let api = api.clone();
+        async move {
+            let ns = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(namespace(i)),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            api.create(&PostParams::default(), &ns).await.map(|_| ())
+        }
+    });
+    let results: Vec<_> = stream::iter(creates)
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    results.into_iter().collect::<kube::Result<Vec<()>>>()?;
+    Ok(())
+}
+
+/// A ConfigMap `deployment` whose data is as large as a BundleDeployment spec.
+fn deployment_stand_in(version: u32, bytes: usize) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("deployment".into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("spec".into(), payload(version, bytes))])),
+        ..Default::default()
+    }
+}
+
+/// Runs `per_namespace` for every stand-in namespace, 16 at a time, and measures it.
+async fn measure<F, Fut>(
+    pids: &Pids,
+    n: usize,
+    writes_per_ns: u64,
+    per_namespace: F,
+) -> Result<Baseline>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = kube::Result<()>>,
+{
+    let before = cpu_now(pids);
+    let start = Instant::now();
+    let results: Vec<_> = stream::iter((0..n).map(|i| per_namespace(namespace(i))))
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    results.into_iter().collect::<kube::Result<Vec<()>>>()?;
+    let secs = start.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = cpu_now(pids);
+    Ok(Baseline {
+        secs,
+        writes: writes_per_ns * n as u64,
+        cpu: [0, 1, 2, 3].map(|i| after[i] - before[i]),
+    })
+}
+
+/// Fan-out baseline: per namespace, create a 3 KB Secret, a 3 KB ConfigMap and a ConfigMap of
+/// `bd_bytes` (3N creates).
+pub async fn fan_out(admin: &Client, pids: &Pids, n: usize, bd_bytes: usize) -> Result<Baseline> {
+    measure(pids, n, 3, |ns| {
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+        let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+        async move {
+            let pp = PostParams::default();
+            secrets.create(&pp, &secret(1)).await?;
+            config_maps.create(&pp, &config_map()).await?;
+            config_maps
+                .create(&pp, &deployment_stand_in(1, bd_bytes))
+                .await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// Rotation baseline: per namespace, server-side apply the Secret with new data and the
+/// BundleDeployment-sized ConfigMap with a new body (2N applies).
+pub async fn rotation(admin: &Client, pids: &Pids, n: usize, bd_bytes: usize) -> Result<Baseline> {
+    measure(pids, n, 2, |ns| {
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+        let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+        async move {
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            let mut s = secret(2);
+            s.type_ = Some("Opaque".into());
+            secrets.patch("creds", &pp, &Patch::Apply(&s)).await?;
+            config_maps
+                .patch(
+                    "deployment",
+                    &pp,
+                    &Patch::Apply(&deployment_stand_in(2, bd_bytes)),
+                )
+                .await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// The BundleDeployment's own share: N server-side applies creating a real BundleDeployment
+/// (`first`'s spec), then N server-side applies of `second`'s spec (what a rotation changes), one per stand-in
+/// namespace — the same CRD, schema and CEL validation as the hub's writes, without the hub.
+pub async fn bundle_deployments(
+    admin: &Client,
+    pids: &Pids,
+    n: usize,
+    first: &BundleDeployment,
+    second: &BundleDeployment,
+) -> Result<(Baseline, Baseline)> {
+    let body = |bd: &BundleDeployment| {
+        // No labels: the hub's caches select its own objects by label and must not see these.
+        BundleDeployment::new("deployment", bd.spec.clone())
+    };
+    let (first, second) = (body(first), body(second));
+    let create = measure(pids, n, 1, |ns| {
+        let api: Api<BundleDeployment> = Api::namespaced(admin.clone(), &ns);
+        let bd = first.clone();
+        async move {
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            api.patch("deployment", &pp, &Patch::Apply(&bd))
+                .await
+                .map(|_| ())
+        }
+    })
+    .await?;
+    let apply = measure(pids, n, 1, |ns| {
+        let api: Api<BundleDeployment> = Api::namespaced(admin.clone(), &ns);
+        let bd = second.clone();
+        async move {
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            api.patch("deployment", &pp, &Patch::Apply(&bd))
+                .await
+                .map(|_| ())
+        }
+    })
+    .await?;
+    Ok((create, apply))
+}
