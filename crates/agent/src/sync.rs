@@ -58,7 +58,10 @@ pub(crate) async fn sync_object(
                         ctx.metrics.written(action, &d.key.kind);
                     }
                 }
-                applied = outcome.object.or(applied);
+                applied = outcome
+                    .object
+                    .map(|o| serde_json::to_value(o).unwrap_or_default())
+                    .or(applied);
             }
             Err(e) => return error(message(&e)),
         }

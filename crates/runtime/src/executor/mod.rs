@@ -270,11 +270,10 @@ impl Executor {
 }
 
 fn written(object: DynamicObject) -> Outcome {
-    let uid = object.uid();
     Outcome {
         wrote: true,
-        uid,
-        object: serde_json::to_value(object).ok().filter(|v| !v.is_null()),
+        uid: object.uid(),
+        object: Some(object),
     }
 }
 

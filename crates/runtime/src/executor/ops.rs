@@ -4,7 +4,7 @@ use std::fmt;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Resource;
-use kube::api::ApiResource;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::EventType;
 use serde_json::Value;
 
@@ -176,6 +176,7 @@ pub struct Outcome {
     pub wrote: bool,
     /// uid of the object after the operation (from the response or the memo), when known.
     pub uid: Option<String>,
-    /// The object as the apiserver returned it, for applies and patches that wrote.
-    pub object: Option<Value>,
+    /// The object as the apiserver returned it, for applies and patches that wrote (kept as
+    /// the client decoded it: converting every response to JSON would cost each write).
+    pub object: Option<DynamicObject>,
 }
