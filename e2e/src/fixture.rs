@@ -89,11 +89,17 @@ impl Workspace {
     /// Creates Cluster `name` (labelled `env: test`) and waits until the hub has provisioned
     /// its namespace.
     pub async fn cluster(&self, name: &str) {
+        self.cluster_with_spec(name, json!({})).await;
+    }
+
+    /// Creates Cluster `name` (label `env=test`) with `spec` in the workspace and waits for
+    /// its namespace.
+    pub async fn cluster_with_spec(&self, name: &str, spec: Value) {
         let clusters: Api<Cluster> = Api::namespaced(self.hub.clone(), &self.ns);
         let cluster: Cluster = serde_json::from_value(json!({
             "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
             "metadata": {"name": name, "labels": {"env": "test"}},
-            "spec": {}
+            "spec": spec
         }))
         .unwrap();
         clusters
@@ -454,4 +460,30 @@ where
         tokio::time::sleep(left.min(Duration::from_millis(500))).await;
     }
     assert!(samples >= 2, "{what}: observed only {samples} time(s)");
+}
+
+/// Every log line of this test binary (tender's crates and kube at debug), for the searches
+/// that prove no Secret value or credential is ever logged. The first call installs the
+/// process's tracing subscriber; later calls return the same buffer.
+pub fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOGS: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        struct Sink;
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                captured_logs().lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("tender_hub=debug,tender_agent=debug,tender_runtime=debug,kube=debug")
+            .with_writer(|| Sink)
+            .with_ansi(false)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        std::sync::Mutex::new(Vec::new())
+    })
 }

@@ -7,11 +7,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
 
 /// The Kyverno release whose CRDs the tests install.
 pub const KYVERNO_VERSION: &str = "v1.13.4";
@@ -52,8 +50,6 @@ pub fn crd(file: &str) -> Result<CustomResourceDefinition> {
 /// Installs Kyverno's ClusterPolicy and Policy CRDs (server-side apply) and waits until they
 /// are Established. Idempotent.
 pub async fn install_policy_crds(client: &kube::Client) -> Result<()> {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let pp = PatchParams::apply("tender-e2e").force();
     for file in [
         "kyverno.io_clusterpolicies.yaml",
         "kyverno.io_policies.yaml",
@@ -61,29 +57,9 @@ pub async fn install_policy_crds(client: &kube::Client) -> Result<()> {
         let mut crd = crd(file)?;
         crd.metadata.annotations = None;
         crd.status = None;
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        api.patch(&name, &pp, &Patch::Apply(&crd))
+        crate::crds::apply_crd(client, &crd)
             .await
-            .with_context(|| format!("applying Kyverno CRD {name}"))?;
-        crate::eventually(
-            &format!("Kyverno CRD {name} Established"),
-            Duration::from_secs(60),
-            || {
-                let api = api.clone();
-                let name = name.clone();
-                async move {
-                    let crd = api.get(&name).await?;
-                    let established = crd
-                        .status
-                        .and_then(|s| s.conditions)
-                        .unwrap_or_default()
-                        .iter()
-                        .any(|c| c.type_ == "Established" && c.status == "True");
-                    Ok::<_, kube::Error>(established.then_some(()))
-                }
-            },
-        )
-        .await;
+            .with_context(|| format!("installing Kyverno's {file}"))?;
     }
     Ok(())
 }

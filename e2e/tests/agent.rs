@@ -885,33 +885,9 @@ async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
 // ---------------------------------------------------------------------------------------------
 // Secrecy: no Secret value in logs, events, status or metrics.
 
-/// Everything the components log in this test binary, at debug level for tender's crates.
-fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
-    static LOGS: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
-    LOGS.get_or_init(|| {
-        struct Sink;
-        impl std::io::Write for Sink {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                captured_logs().lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter("tender_hub=debug,tender_agent=debug,tender_runtime=debug,kube=debug")
-            .with_writer(|| Sink)
-            .with_ansi(false)
-            .finish();
-        let _ = tracing::subscriber::set_global_default(subscriber);
-        std::sync::Mutex::new(Vec::new())
-    })
-}
-
 #[tokio::test]
 async fn no_secret_value_in_logs_events_status_or_metrics() {
-    captured_logs();
+    fixture::captured_logs();
     let ws = Workspace::new(shared_env(2).await, "agent-secrecy").await;
     let east = ws.agent("east", &downstream_name(1)).await;
     let west = ws.agent("west", &downstream_name(2)).await;
@@ -1018,7 +994,7 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
     for a in [&east, &west] {
         seen += &a.handle().metrics.shared().encode();
     }
-    let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).to_string();
+    let logs = String::from_utf8_lossy(&fixture::captured_logs().lock().unwrap()).to_string();
     assert!(
         logs.contains("tender"),
         "the log capture works (it holds tender's own log lines)"

@@ -119,26 +119,8 @@ async fn kubeconfig_secret(ws: &Workspace, name: &str, kubeconfig: &str) {
 /// Creates push Cluster `name` reading its kubeconfig from Secret `secret`, and waits for its
 /// namespace.
 async fn push_cluster(ws: &Workspace, name: &str, secret: &str) {
-    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
-    let cluster: Cluster = serde_json::from_value(json!({
-        "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
-        "metadata": {"name": name, "labels": {"env": "test"}},
-        "spec": {"kubeconfigSecretRef": {"name": secret}}
-    }))
-    .unwrap();
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .unwrap();
-    eventually(
-        &format!("Cluster {name} namespace provisioned"),
-        WAIT,
-        || async {
-            let c = clusters.get(name).await?;
-            Ok::<_, kube::Error>(c.status.and_then(|s| s.namespace).map(|_| ()))
-        },
-    )
-    .await;
+    ws.cluster_with_spec(name, json!({"kubeconfigSecretRef": {"name": secret}}))
+        .await;
 }
 
 /// Waits until Cluster `name`'s `ClusterConnected` condition has `reason`; returns its message.
@@ -172,36 +154,12 @@ async fn password_is(down: &kube::Client, ns: &str, value: &str, what: &str) {
     .await;
 }
 
-/// Every log line of this test binary (tender and kube at debug), for the leak search.
-fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
-    static LOGS: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
-    LOGS.get_or_init(|| {
-        struct Sink;
-        impl std::io::Write for Sink {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                captured_logs().lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter("tender_hub=debug,tender_agent=debug,tender_runtime=debug,kube=debug")
-            .with_writer(|| Sink)
-            .with_ansi(false)
-            .finish();
-        let _ = tracing::subscriber::set_global_default(subscriber);
-        std::sync::Mutex::new(Vec::new())
-    })
-}
-
 // ---------------------------------------------------------------------------------------------
 // The scenarios.
 
 #[tokio::test]
 async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restricted_identity() {
-    captured_logs();
+    fixture::captured_logs();
     let (ws, hub) = push_workspace("push-flow").await;
     let env = ws.env;
     let downstream = downstream_name(2);
@@ -348,7 +306,7 @@ async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restri
         seen += &serde_json::to_string(&e).unwrap();
     }
     seen += &hub.metrics.encode();
-    let logs = String::from_utf8_lossy(&captured_logs().lock().unwrap()).to_string();
+    let logs = String::from_utf8_lossy(&fixture::captured_logs().lock().unwrap()).to_string();
     assert!(
         logs.contains("push task started"),
         "the log capture holds the hub's push log lines"
@@ -594,9 +552,13 @@ async fn push_scale() {
         &env.kubeconfig_as(&downstream, ADMIN_USER),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
     let runtime = tokio::runtime::Handle::current().metrics();
-    let (tasks0, rss0) = (runtime.num_alive_tasks(), rss_bytes());
+    // Measure from a hub at rest: its task count has stopped moving.
+    let tasks0 = fixture::settled("the idle hub's tasks", Duration::from_secs(2), || async {
+        runtime.num_alive_tasks()
+    })
+    .await;
+    let rss0 = rss_bytes();
 
     let started = Instant::now();
     let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
@@ -632,8 +594,14 @@ async fn push_scale() {
     )
     .await;
     let connected = started.elapsed();
-    tokio::time::sleep(Duration::from_secs(15)).await;
-    let (tasks1, rss1) = (runtime.num_alive_tasks(), rss_bytes());
+    // Every push task started and steady: the task count stops moving.
+    let tasks1 = fixture::settled(
+        "the push clusters' tasks",
+        Duration::from_secs(5),
+        || async { runtime.num_alive_tasks() },
+    )
+    .await;
+    let rss1 = rss_bytes();
     println!(
         "PUSH-SCALE n={n} connected_in={connected:?} tasks {tasks0}->{tasks1} ({:.1}/cluster) rss {:.1}->{:.1} MiB ({:.2} MiB/cluster)",
         (tasks1 as f64 - tasks0 as f64) / n as f64,

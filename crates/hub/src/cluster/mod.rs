@@ -1,0 +1,425 @@
+//! Cluster controller: the cluster's namespace on the hub, its agent's identity and RBAC,
+//! cleanup on deletion, and status (namespace, agent heartbeat, BundleDeployment summary).
+//!
+//! Pure parts: [`access`] (what an agent is granted) and [`status`] (the status written).
+
+mod access;
+mod status;
+
+pub use access::{AgentAccess, agent_access, upstream_access};
+use status::status_key;
+pub use status::{cluster_status, last_heartbeat};
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde_json::Value;
+use tender_runtime::executor::{Apply, ObjectKey, Op, body_of};
+use tender_types::{BundleDeployment, Cluster, ClusterMode, hash, labels, names};
+
+use crate::bundle::status::summarize;
+use crate::context::{Ctx, status_op};
+use crate::{Error, kube_err};
+
+const CONTROLLER: &str = "cluster";
+
+pub(crate) async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.reconcile(CONTROLLER);
+    let workspace = cluster.namespace().unwrap_or_default();
+    let object = format!("Cluster {workspace}/{}", cluster.name_any());
+    let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), &workspace);
+    finalizer(
+        &api,
+        labels::CLUSTER_CLEANUP_FINALIZER,
+        cluster,
+        |event| async {
+            match event {
+                Finalizer::Apply(c) => apply(&c, &ctx).await,
+                Finalizer::Cleanup(c) => cleanup(&c, &ctx).await,
+            }
+        },
+    )
+    .await
+    .map_err(|source| Error::Finalizer {
+        object,
+        source: Box::new(source),
+    })
+}
+
+pub(crate) fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<Ctx>) -> Action {
+    ctx.metrics.reconcile_error(CONTROLLER, error.reason());
+    tracing::warn!(cluster = %cluster.name_any(), namespace = ?cluster.namespace(), %error, "cluster reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// One object of [`agent_access`], annotated with the hash of its content; `wanted: false`
+/// means it must not exist (an agent RoleBinding of a push cluster).
+struct Provisioned {
+    key: ObjectKey,
+    body: Value,
+    hash: String,
+    wanted: bool,
+}
+
+fn provisioned<K>(mut obj: K) -> Provisioned
+where
+    K: Resource<DynamicType = ()> + Serialize,
+{
+    let hash = hash::value_hash(&serde_json::to_value(&obj).unwrap_or_default());
+    obj.meta_mut()
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(labels::CONTENT_HASH.to_string(), hash.clone());
+    let meta = obj.meta();
+    Provisioned {
+        key: ObjectKey::of::<K>(
+            meta.namespace.as_deref(),
+            meta.name.as_deref().unwrap_or_default(),
+        ),
+        body: body_of(&obj),
+        hash,
+        wanted: true,
+    }
+}
+
+/// Every object of the agent's access, in creation order (namespace first). In push mode the
+/// two RoleBindings are unwanted: a pull agent still running downstream then gets 403 on
+/// everything and, by design, deletes nothing — it cannot fight the hub's own agent.
+fn access_objects(access: AgentAccess, mode: ClusterMode) -> Vec<Provisioned> {
+    let binding = |b: RoleBinding| Provisioned {
+        wanted: mode == ClusterMode::Pull,
+        ..provisioned(b)
+    };
+    let ns = access.namespace.metadata.name.clone();
+    // Clusters registered before tokens expired had a long-lived token Secret: it must go.
+    let legacy_token = Provisioned {
+        wanted: false,
+        ..provisioned(Secret {
+            metadata: ObjectMeta {
+                name: Some(names::AGENT_TOKEN_SECRET.to_string()),
+                namespace: ns,
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    };
+    vec![
+        provisioned(access.namespace),
+        provisioned(access.service_account),
+        legacy_token,
+        provisioned(access.role),
+        binding(access.role_binding),
+        provisioned(access.workspace_role),
+        binding(access.workspace_role_binding),
+    ]
+}
+
+/// Applies for the wanted objects whose live content hash (`live[i]`: `None` when absent,
+/// empty when present without one) differs from the desired one; deletes for the unwanted
+/// objects that exist. Pure.
+fn provision_ops(objects: Vec<Provisioned>, live: &[Option<String>]) -> Vec<Op> {
+    objects
+        .into_iter()
+        .zip(live)
+        .filter_map(|(o, live)| match (o.wanted, live) {
+            (true, live) if live.as_deref() == Some(o.hash.as_str()) => None,
+            (true, _) => Some(Op::Apply(Apply {
+                key: o.key,
+                body: o.body,
+                replace_if_immutable: false,
+                fingerprint: None,
+            })),
+            (false, Some(_)) => Some(Op::Delete {
+                key: o.key,
+                uid: None,
+            }),
+            (false, None) => None,
+        })
+        .collect()
+}
+
+/// What the hub removes when a Cluster goes, in order: the agent's finalizer on each of the
+/// cluster's BundleDeployments (nobody else would remove it), the namespace (and with it
+/// BundleDeployments and copies), then the workspace RBAC. Pure.
+fn cleanup_ops(workspace: &str, cluster: &str, bds: &[BundleDeployment]) -> Vec<Op> {
+    let ns = names::cluster_namespace(workspace, cluster);
+    let mut ops: Vec<Op> = bds
+        .iter()
+        .filter(|bd| {
+            bd.finalizers()
+                .iter()
+                .any(|f| f == labels::AGENT_CLEANUP_FINALIZER)
+        })
+        .map(|bd| {
+            let kept: Vec<&String> = bd
+                .finalizers()
+                .iter()
+                .filter(|f| *f != labels::AGENT_CLEANUP_FINALIZER)
+                .collect();
+            // resourceVersion makes this a compare-and-swap: a concurrent change fails and retries.
+            Op::MergePatch {
+                key: ObjectKey::of::<BundleDeployment>(Some(&ns), &bd.name_any()),
+                patch: serde_json::json!({
+                    "metadata": {"finalizers": kept, "resourceVersion": bd.resource_version()}
+                }),
+            }
+        })
+        .collect();
+    let role = names::agent_workspace_role(cluster);
+    ops.push(Op::Delete {
+        key: ObjectKey::of::<Namespace>(None, &ns),
+        uid: None,
+    });
+    ops.push(Op::Delete {
+        key: ObjectKey::of::<RoleBinding>(Some(workspace), &role),
+        uid: None,
+    });
+    ops.push(Op::Delete {
+        key: ObjectKey::of::<Role>(Some(workspace), &role),
+        uid: None,
+    });
+    ops
+}
+
+async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
+    let workspace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let uid = cluster.uid().unwrap_or_default();
+    let ns_name = names::cluster_namespace(&workspace, &name);
+    let key = (workspace.clone(), name.clone());
+    let mode = cluster.spec.mode();
+    let done = (uid.clone(), mode);
+    let ns_cached = ctx
+        .stores
+        .namespaces
+        .get(&ObjectRef::new(&ns_name))
+        .is_some();
+    if ns_cached && ctx.provisioned.lock().expect("lock").get(&key) == Some(&done) {
+        return Ok(());
+    }
+    // Observe: each object's content-hash annotation (one metadata read per object, once per
+    // Cluster and mode per process).
+    let objects = access_objects(agent_access(&workspace, &name), mode);
+    let mut live = Vec::with_capacity(objects.len());
+    for o in &objects {
+        let api: Api<DynamicObject> = match &o.key.namespace {
+            Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, &o.key.resource),
+            None => Api::all_with(ctx.client.clone(), &o.key.resource),
+        };
+        let meta = api
+            .get_metadata_opt(&o.key.name)
+            .await
+            .map_err(kube_err(format!("read {}", o.key)))?;
+        live.push(meta.map(|m| {
+            m.annotations()
+                .get(labels::CONTENT_HASH)
+                .cloned()
+                .unwrap_or_default()
+        }));
+    }
+    let ops = provision_ops(objects, &live);
+    let wrote = !ops.is_empty();
+    ctx.exec.execute_in_order(ops).await?;
+    ctx.provisioned.lock().expect("lock").insert(key, done);
+    if wrote {
+        let note = match mode {
+            ClusterMode::Pull => format!(
+                "namespace {ns_name} with the agent's ServiceAccount, token Secret and RBAC"
+            ),
+            ClusterMode::Push => format!(
+                "namespace {ns_name} for push mode; the pull agent's RoleBindings are removed"
+            ),
+        };
+        ctx.event(
+            &cluster.object_ref(&()),
+            EventType::Normal,
+            "Provisioned",
+            "Provision",
+            note,
+        )
+        .await;
+    }
+    Ok(())
+}
+
+async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
+    let workspace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let ns_name = names::cluster_namespace(&workspace, &name);
+    if let Some(ns) = ctx.stores.namespaces.get(&ObjectRef::new(&ns_name))
+        && ns.metadata.deletion_timestamp.is_some()
+    {
+        // Somebody deleted it: recreate once it is gone (its deletion event brings us back).
+        tracing::info!(cluster = %name, namespace = %ns_name, "cluster namespace is terminating; waiting to recreate it");
+        return Ok(Action::await_change());
+    }
+    provision(cluster, ctx).await?;
+    // Decide the status on the cache as it is now: the reconcile's snapshot may predate our
+    // own last status write, whose watch event has since retired its memo entry.
+    let latest = ctx.stores.clusters.get(&ObjectRef::from_obj(cluster));
+    let cluster: &Cluster = latest.as_deref().unwrap_or(cluster);
+
+    // Push mode: the kubeconfig Secret's metadata from the source cache; its content is read
+    // only when its resourceVersion moved.
+    let secret_version = cluster.spec.kubeconfig_secret_ref.as_ref().and_then(|r| {
+        ctx.stores
+            .source_secrets
+            .get(&ObjectRef::new(&r.name).within(&workspace))
+            .map(|s| s.resource_version().unwrap_or_default())
+    });
+    let push = ctx.push.ensure(cluster, secret_version.as_deref()).await?;
+
+    let lease = ctx
+        .stores
+        .leases
+        .get(&ObjectRef::new(names::AGENT_LEASE).within(&ns_name))
+        .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
+    let heartbeat = last_heartbeat(cluster, lease);
+    let bds: Vec<Arc<BundleDeployment>> = ctx
+        .bundle_deployments_in(&ns_name)
+        .into_iter()
+        .filter(|bd| bd.metadata.deletion_timestamp.is_none())
+        .collect();
+    let summary = summarize(bds.len(), bds.iter().map(AsRef::as_ref));
+    let (status, recheck) = cluster_status(
+        cluster.status.as_ref(),
+        &ns_name,
+        heartbeat,
+        summary,
+        cluster.spec.paused,
+        push.as_ref(),
+        cluster.metadata.generation,
+        Timestamp::now(),
+        ctx.config.agent_offline_after,
+    );
+    let desired = status_key(&status);
+    let unchanged = cluster.status.as_ref() == Some(&status);
+    let mut ours = status;
+    ours.agent = None; // the agent's field: never written by the hub
+    // `old` is what the hub's own fields would be if nothing changed (the agent's are not ours).
+    let op = status_op::<Cluster, _>(
+        &workspace,
+        &name,
+        cluster.resource_version(),
+        unchanged.then_some(&ours),
+        &ours,
+        desired,
+    );
+    ctx.write_status(op).await?;
+    Ok(recheck.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// Works without an agent: see [`cleanup_ops`].
+async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
+    let workspace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let ns_name = names::cluster_namespace(&workspace, &name);
+    ctx.push.stop(&ObjectRef::from_obj(cluster));
+    ctx.provisioned
+        .lock()
+        .expect("lock")
+        .remove(&(workspace.clone(), name.clone()));
+    // Read fresh, not from the cache: a finalizer added a moment ago must not be missed.
+    let bds: Api<BundleDeployment> = Api::namespaced(ctx.client.clone(), &ns_name);
+    let list = match bds.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) if tender_runtime::reconcile::is_not_found(&e) => Vec::new(),
+        Err(e) => return Err(kube_err(format!("list BundleDeployments in {ns_name}"))(e)),
+    };
+    ctx.exec
+        .execute_in_order(cleanup_ops(&workspace, &name, &list))
+        .await?;
+    tracing::info!(cluster = %name, namespace = %ns_name, "cluster deleted: namespace and agent access removed");
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::Apply(a) => format!("apply {}", a.key),
+                Op::Delete { key, .. } => format!("delete {key}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_legacy_long_lived_token_secret_is_deleted_and_never_written() {
+        let objects = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
+        // Provisioned before decision 43: the token Secret exists next to everything else.
+        let live: Vec<Option<String>> = objects.iter().map(|o| Some(o.hash.clone())).collect();
+        let ops = kinds(&provision_ops(objects, &live));
+        let ns = names::cluster_namespace("ws", "east");
+        assert_eq!(ops.len(), 1, "{ops:?}");
+        assert!(
+            ops[0].starts_with("delete ") && ops[0].contains(names::AGENT_TOKEN_SECRET),
+            "{ops:?}"
+        );
+        assert!(ops[0].contains(&ns), "{ops:?}");
+        // A fresh cluster: nothing is created under that name.
+        let objects = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
+        let none = vec![None; objects.len()];
+        let ops = kinds(&provision_ops(objects, &none));
+        assert!(
+            ops.iter().all(|o| !o.contains(names::AGENT_TOKEN_SECRET)),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn push_mode_removes_the_agent_bindings_and_pull_restores_them() {
+        let hashes = |objects: &[Provisioned]| -> Vec<Option<String>> {
+            objects
+                .iter()
+                .map(|o| o.wanted.then(|| o.hash.clone()))
+                .collect()
+        };
+        // Everything provisioned for pull: nothing changed → no operations.
+        let pull = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
+        let live = hashes(&pull);
+        assert!(provision_ops(pull, &live).is_empty(), "nothing changed");
+
+        // Switched to push: exactly the two RoleBindings go, nothing else is written.
+        let push = access_objects(agent_access("ws", "east"), ClusterMode::Push);
+        let ops = kinds(&provision_ops(push, &live));
+        assert_eq!(ops.len(), 2, "{ops:?}");
+        assert!(
+            ops.iter()
+                .all(|o| o.starts_with("delete ") && o.contains("RoleBinding ")),
+            "{ops:?}"
+        );
+
+        // Push, bindings already gone: no operations.
+        let push = access_objects(agent_access("ws", "east"), ClusterMode::Push);
+        let gone: Vec<Option<String>> = push
+            .iter()
+            .map(|o| o.wanted.then(|| o.hash.clone()))
+            .collect();
+        assert!(provision_ops(push, &gone).is_empty());
+
+        // Back to pull: the two bindings are applied again.
+        let pull = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
+        let ops = kinds(&provision_ops(pull, &gone));
+        assert_eq!(ops.len(), 2, "{ops:?}");
+        assert!(
+            ops.iter()
+                .all(|o| o.starts_with("apply ") && o.contains("RoleBinding ")),
+            "{ops:?}"
+        );
+    }
+}
