@@ -48,6 +48,7 @@ pub async fn shared_env(downstream: usize) -> &'static TestEnv {
 pub mod agent_harness;
 pub mod apply;
 pub mod binaries;
+pub mod charts;
 /// Installing the CRDs into a test cluster.
 pub mod crds;
 pub mod fixture;

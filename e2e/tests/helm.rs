@@ -3,154 +3,24 @@
 //! rotation, drift, upgrade by version with pruning, removal, and every failure reason with
 //! what is deployed kept in place.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::path::PathBuf;
 
-use base64::Engine;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
+use tender_e2e::charts::ChartRepo;
 use tender_e2e::fixture::{Agent, Workspace};
 use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
 use tender_types::conditions::{TYPE_DEPLOYED, find_condition, reason};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 const WAIT: std::time::Duration = tender_e2e::fixture::WAIT;
 const USER: &str = "chart-reader";
 const PASSWORD: &str = "repo-pass-123";
 
-/// Writes chart `app` at `version` (with a `-extra` ConfigMap before 0.2.0 and a hook that
-/// must never be applied) and packages it into `repo`.
-fn package(helm: &Path, work: &Path, repo: &Path, version: &str) {
-    let dir = work.join(format!("app-{version}"));
-    std::fs::create_dir_all(dir.join("templates")).unwrap();
-    std::fs::write(
-        dir.join("Chart.yaml"),
-        format!("apiVersion: v2\nname: app\nversion: {version}\n"),
-    )
-    .unwrap();
-    std::fs::write(dir.join("values.yaml"), "greeting: \"\"\n").unwrap();
-    std::fs::write(
-        dir.join("templates/config.yaml"),
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-config\ndata:\n  \
-         greeting: {{ required \"greeting is required\" .Values.greeting | quote }}\n  \
-         version: {{ .Chart.Version | quote }}\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("templates/hook.yaml"),
-        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-hook\n  \
-         annotations:\n    helm.sh/hook: pre-install\n",
-    )
-    .unwrap();
-    if version.starts_with("0.1.") {
-        std::fs::write(
-            dir.join("templates/extra.yaml"),
-            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-extra\n",
-        )
-        .unwrap();
-    }
-    run(
-        helm,
-        &[
-            "package",
-            dir.to_str().unwrap(),
-            "-d",
-            repo.to_str().unwrap(),
-        ],
-    );
-}
-
-fn run(helm: &Path, args: &[&str]) {
-    let out = Command::new(helm).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "helm {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A chart repository on loopback serving `dir` with basic auth; counts 401 answers.
-struct Repo {
-    url: String,
-    unauthorized: Arc<AtomicUsize>,
-    _dir: tempdir::Dir,
-}
-
-mod tempdir {
-    /// A directory removed on drop.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-async fn repo() -> Repo {
-    let helm = ensure_helm().expect("building helm");
-    let root = std::env::temp_dir().join(tender_e2e::unique_name("tender-helm-e2e"));
-    let (work, dir) = (root.join("work"), root.join("repo"));
-    std::fs::create_dir_all(&dir).unwrap();
-    for v in ["0.1.0", "0.2.0"] {
-        package(&helm, &work, &dir, v);
-    }
-    run(&helm, &["repo", "index", dir.to_str().unwrap()]);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let unauthorized = Arc::new(AtomicUsize::new(0));
-    let expected = format!(
-        "basic {}",
-        base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"))
-    );
-    let (serve_dir, count) = (dir.clone(), unauthorized.clone());
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut conn, _)) = listener.accept().await else {
-                return;
-            };
-            let (dir, count, expected) = (serve_dir.clone(), count.clone(), expected.clone());
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
-                    match conn.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf).to_lowercase();
-                let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
-                let authorized = head
-                    .lines()
-                    .any(|l| l.trim() == format!("authorization: {}", expected.to_lowercase()));
-                let (status, body) = if !authorized {
-                    count.fetch_add(1, Ordering::SeqCst);
-                    ("401 Unauthorized", Vec::new())
-                } else {
-                    match std::fs::read(dir.join(path.trim_start_matches('/'))) {
-                        Ok(b) => ("200 OK", b),
-                        Err(_) => ("404 Not Found", Vec::new()),
-                    }
-                };
-                let head = format!(
-                    "HTTP/1.1 {status}\r\nContent-Length: {}\r\nWWW-Authenticate: Basic realm=\"charts\"\r\nConnection: close\r\n\r\n",
-                    body.len()
-                );
-                let _ = conn.write_all(head.as_bytes()).await;
-                let _ = conn.write_all(&body).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    Repo {
-        url,
-        unauthorized,
-        _dir: tempdir::Dir(root),
-    }
+async fn repo() -> ChartRepo {
+    ChartRepo::start(&["0.1.0", "0.2.0"], USER, PASSWORD)
+        .await
+        .expect("starting the chart repository")
 }
 
 async fn helm_agent(ws: &Workspace, cluster: &str) -> Agent {
@@ -311,7 +181,7 @@ async fn chart_failures_are_reported_and_keep_what_is_deployed() {
     // Credentials are required: without them the repository answers 401.
     ws.bundle("app", with(json!({}))).await;
     let msg = deployed_reason(&ws, "west", "app", reason::CHART_AUTH_FAILED).await;
-    assert!(repo.unauthorized.load(Ordering::SeqCst) > 0);
+    assert!(repo.refused() > 0);
     assert!(!msg.contains(PASSWORD));
 
     // With the copied credentials it deploys.

@@ -1,0 +1,170 @@
+//! Charts for the Helm tests and the demo: a small chart packaged with the pinned Helm CLI,
+//! and a chart repository on loopback serving it over HTTP with basic auth.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context, Result, bail};
+use base64::Engine;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::build::ensure_helm;
+
+/// Runs the Helm CLI at `helm` with `args`; fails with Helm's stderr.
+pub fn run_helm(helm: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new(helm)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {}", helm.display()))?;
+    if !out.status.success() {
+        bail!("helm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Writes chart `app` at `version` under `work` and packages it into `out`.
+///
+/// The chart renders `<release>-config` (a ConfigMap whose `greeting` is the required value
+/// `greeting` and whose `version` is the chart's), a `pre-install` hook that must never be
+/// applied, and, before 0.2.0, `<release>-extra` (so an upgrade prunes it).
+pub fn package_app_chart(helm: &Path, work: &Path, out: &Path, version: &str) -> Result<()> {
+    let dir = work.join(format!("app-{version}"));
+    std::fs::create_dir_all(dir.join("templates"))?;
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        dir.join("Chart.yaml"),
+        format!("apiVersion: v2\nname: app\nversion: {version}\n"),
+    )?;
+    std::fs::write(dir.join("values.yaml"), "greeting: \"\"\n")?;
+    std::fs::write(
+        dir.join("templates/config.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-config\ndata:\n  \
+         greeting: {{ required \"greeting is required\" .Values.greeting | quote }}\n  \
+         version: {{ .Chart.Version | quote }}\n",
+    )?;
+    std::fs::write(
+        dir.join("templates/hook.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-hook\n  \
+         annotations:\n    helm.sh/hook: pre-install\n",
+    )?;
+    if version.starts_with("0.1.") {
+        std::fs::write(
+            dir.join("templates/extra.yaml"),
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-extra\n",
+        )?;
+    }
+    run_helm(helm, &["package", path_str(&dir)?, "-d", path_str(out)?])?;
+    Ok(())
+}
+
+fn path_str(p: &Path) -> Result<&str> {
+    p.to_str()
+        .with_context(|| format!("{} is not UTF-8", p.display()))
+}
+
+/// A chart repository on loopback serving a directory with basic auth. It counts the
+/// requests it refused (401), so a test can prove credentials were required. The
+/// directory is removed and the server stops accepting when it is dropped.
+pub struct ChartRepo {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// Requests answered 401.
+    pub unauthorized: Arc<AtomicUsize>,
+    /// The directory served (`index.yaml` and the packaged charts).
+    pub dir: PathBuf,
+    root: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ChartRepo {
+    fn drop(&mut self) {
+        self.server.abort();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+impl ChartRepo {
+    /// Builds the pinned Helm if needed, packages `app` at each of `versions`, indexes them
+    /// (`helm repo index`) and serves them, requiring `user`/`password`.
+    pub async fn start(versions: &[&str], user: &str, password: &str) -> Result<ChartRepo> {
+        let helm = ensure_helm()?;
+        let root = std::env::temp_dir().join(crate::unique_name("tender-chart-repo"));
+        let (work, dir) = (root.join("work"), root.join("repo"));
+        std::fs::create_dir_all(&dir)?;
+        for v in versions {
+            package_app_chart(&helm, &work, &dir, v)?;
+        }
+        run_helm(&helm, &["repo", "index", path_str(&dir)?])?;
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let unauthorized = Arc::new(AtomicUsize::new(0));
+        let expected = format!(
+            "authorization: basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"))
+        )
+        .to_lowercase();
+        let (serve_dir, count) = (dir.clone(), unauthorized.clone());
+        let server = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(serve(
+                    conn,
+                    serve_dir.clone(),
+                    count.clone(),
+                    expected.clone(),
+                ));
+            }
+        });
+        Ok(ChartRepo {
+            url,
+            unauthorized,
+            dir,
+            root,
+            server,
+        })
+    }
+
+    /// Requests refused so far.
+    pub fn refused(&self) -> usize {
+        self.unauthorized.load(Ordering::SeqCst)
+    }
+}
+
+/// Answers one HTTP/1.1 request: 401 without the expected credentials, else the file or 404.
+async fn serve(
+    mut conn: tokio::net::TcpStream,
+    dir: PathBuf,
+    refused: Arc<AtomicUsize>,
+    expected: String,
+) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).to_lowercase();
+    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let authorized = head.lines().any(|l| l.trim() == expected);
+    let (status, body) = if !authorized {
+        refused.fetch_add(1, Ordering::SeqCst);
+        ("401 Unauthorized", Vec::new())
+    } else {
+        match std::fs::read(dir.join(path.trim_start_matches('/'))) {
+            Ok(b) => ("200 OK", b),
+            Err(_) => ("404 Not Found", Vec::new()),
+        }
+    };
+    let head = format!(
+        "HTTP/1.1 {status}\r\nContent-Length: {}\r\nWWW-Authenticate: Basic realm=\"charts\"\r\n\
+         Connection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = conn.write_all(head.as_bytes()).await;
+    let _ = conn.write_all(&body).await;
+    let _ = conn.shutdown().await;
+}
