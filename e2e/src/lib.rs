@@ -11,7 +11,7 @@ mod pki;
 mod process;
 mod wait;
 
-pub use build::{KUBERNETES_VERSION, ensure_controlplane, ensure_helm};
+pub use build::{KUBERNETES_VERSION, ensure_controlplane, ensure_helm, ensure_oci_registry};
 pub use env::{
     ADMIN_USER, ClusterInfo, EnvOptions, EnvRecord, HUB, RESTRICTED_USERS, TestEnv,
     client_from_yaml, down, downstream_name, kubeconfig_yaml,
