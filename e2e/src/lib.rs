@@ -56,4 +56,5 @@ pub mod fixture;
 pub mod hub_harness;
 pub mod kyverno;
 pub mod local_pod;
+pub mod oci_registry;
 pub mod proxy;

@@ -49,6 +49,10 @@ func main() {
 	case len(os.Args) == 3 && os.Args[1] == "token-server":
 		err = tokenServer(os.Args[2])
 	default:
+		// No OpenTelemetry collector runs beside the tests: do not try to export traces.
+		if os.Getenv("OTEL_TRACES_EXPORTER") == "" {
+			_ = os.Setenv("OTEL_TRACES_EXPORTER", "none")
+		}
 		// nolint:errcheck // RootCmd exits non-zero itself on failure.
 		registry.RootCmd.Execute()
 		return
@@ -102,7 +106,7 @@ func tokenServer(dir string) error {
 	mux.HandleFunc("/token", func(w http.ResponseWriter, r *http.Request) {
 		user, pass, ok := r.BasicAuth()
 		if !ok || !checkPassword(filepath.Join(dir, "htpasswd"), user, pass) {
-			fmt.Fprintf(os.Stderr, "token: refused (credentials given: %v)\n", ok)
+			fmt.Fprintf(os.Stderr, "token: refused %q (credentials given: %v)\n", r.UserAgent(), ok)
 			w.Header().Set("WWW-Authenticate", `Basic realm="tender-test-token"`)
 			http.Error(w, `{"errors":[{"code":"UNAUTHORIZED"}]}`, http.StatusUnauthorized)
 			return
@@ -130,7 +134,7 @@ func tokenServer(dir string) error {
 			if signed, err = signer.Sign(payload); err == nil {
 				var compact string
 				if compact, err = signed.CompactSerialize(); err == nil {
-					fmt.Fprintf(os.Stderr, "token: issued to %s for %v\n", user, r.URL.Query()["scope"])
+					fmt.Fprintf(os.Stderr, "token: issued %q to %s for %v\n", r.UserAgent(), user, r.URL.Query()["scope"])
 					w.Header().Set("Content-Type", "application/json")
 					_ = json.NewEncoder(w).Encode(map[string]any{"token": compact, "expires_in": 300})
 					return
