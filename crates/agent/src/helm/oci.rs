@@ -226,7 +226,7 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
-    /// GET `path` (under `/v2/<repository>/`), answering one authentication challenge.
+    /// GET `url` of the registry, answering one authentication challenge.
     async fn get(&mut self, url: &str, accept: Option<&str>) -> Result<Reply, ChartFailure> {
         let base = self.base.clone();
         let mut reply = self
