@@ -200,6 +200,21 @@ mod tests {
     }
 
     #[test]
+    fn basic_http_is_fleets_name_and_absent_when_off() {
+        let mut h = HelmOptions {
+            chart: "oci://r/x".into(),
+            ..Default::default()
+        };
+        // Off: not serialised, so deploymentIDs of existing charts do not change.
+        assert_eq!(
+            serde_json::to_value(&h).unwrap(),
+            json!({"chart": "oci://r/x", "takeOwnership": false})
+        );
+        h.basic_http = true;
+        assert_eq!(serde_json::to_value(&h).unwrap()["basicHTTP"], json!(true));
+    }
+
+    #[test]
     fn release_name_defaults_to_the_bundle() {
         let h = HelmOptions {
             chart: "app".into(),

@@ -589,6 +589,37 @@ mod tests {
     }
 
     #[test]
+    fn tag_pages_follow_the_next_link() {
+        let reply = |link: Option<&str>| {
+            let mut headers = http::HeaderMap::new();
+            if let Some(l) = link {
+                headers.insert(header::LINK, l.parse().unwrap());
+            }
+            Reply {
+                status: StatusCode::OK,
+                headers,
+                body: bytes::Bytes::new(),
+                url: String::new(),
+            }
+        };
+        assert_eq!(
+            next_link(&reply(Some(
+                "</v2/c/app/tags/list?last=0.2.0&n=100>; rel=\"next\""
+            ))),
+            Some("/v2/c/app/tags/list?last=0.2.0&n=100".into())
+        );
+        assert_eq!(
+            next_link(&reply(Some(
+                "<https://r.example/v2/c/app/tags/list?last=b>; rel=\"next\""
+            ))),
+            Some("/v2/c/app/tags/list?last=b".into()),
+            "an absolute link keeps its path: credentials stay with the registry"
+        );
+        assert_eq!(next_link(&reply(Some("</x>; rel=\"prev\""))), None);
+        assert_eq!(next_link(&reply(None)), None);
+    }
+
+    #[test]
     fn the_chart_layer_is_found_by_media_type() {
         let d = "a".repeat(64);
         let manifest = format!(
