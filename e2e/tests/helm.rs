@@ -377,7 +377,10 @@ async fn oci_chart_needs_the_copied_credentials_renders_values_rotates_and_upgra
     )
     .await;
     let msg = deployed_reason(&ws, "oci-east", "app", reason::CHART_AUTH_FAILED).await;
-    assert!(msg.contains("helmSecretName"), "{msg}");
+    assert!(
+        msg.contains("helmSecretName") && !msg.contains(REG_PASSWORD),
+        "{msg}"
+    );
     assert!(
         reg.agent_refused() > 0,
         "no 401 in the registry log: {}",
@@ -410,6 +413,30 @@ async fn oci_chart_needs_the_copied_credentials_renders_values_rotates_and_upgra
     ws.source_secret("app-values", &[("values.yaml", "greeting: rotated-oci\n")])
         .await;
     wait_value(&cms, "web-config", "greeting", Some("rotated-oci")).await;
+
+    // A wrong password (rotated into the copied Secret) is refused; what is deployed stays.
+    ws.source_secret(
+        "repo-auth",
+        &[("username", REG_USER), ("password", "wrong-pass-789")],
+    )
+    .await;
+    let msg = deployed_failure(&ws, "oci-east", "app", reason::CHART_AUTH_FAILED, "401").await;
+    assert!(
+        !msg.contains("wrong-pass-789") && !msg.contains("rotated-oci"),
+        "{msg}"
+    );
+    assert_eq!(
+        config_value(&cms, "web-config", "greeting")
+            .await
+            .as_deref(),
+        Some("rotated-oci")
+    );
+    ws.source_secret(
+        "repo-auth",
+        &[("username", REG_USER), ("password", REG_PASSWORD)],
+    )
+    .await;
+    ws.ready("oci-east", "app").await;
 
     // Upgrade by a range: tags are listed, `0.2.0_build.1` read as 0.2.0+build.1, and the
     // object the new version no longer renders is pruned.
