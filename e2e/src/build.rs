@@ -97,6 +97,14 @@ pub fn ensure_helm() -> Result<PathBuf> {
     )
 }
 
+/// Returns the path of the OCI registry built from `e2e/tools/registry` (distribution's
+/// registry with filesystem storage and htpasswd/token auth, plus an htpasswd writer and a
+/// Bearer token issuer), building it if needed.
+pub fn ensure_oci_registry() -> Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/registry");
+    ensure_go_binary(&dir, ".", "oci-registry", "-s -w", "the OCI registry")
+}
+
 /// Builds `package` of the Go module in `src` into the cache, keyed by the module's stamp.
 #[allow(unsafe_code)] // libc calls, each with a SAFETY comment
 fn ensure_go_binary(

@@ -1,8 +1,9 @@
 //! Charts for the Helm tests and the demo: a small chart packaged with the pinned Helm CLI,
 //! and a chart repository on loopback serving it over HTTP with basic auth.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -15,10 +16,28 @@ use crate::build::ensure_helm;
 
 /// Runs the Helm CLI at `helm` with `args`; fails with Helm's stderr.
 pub fn run_helm(helm: &Path, args: &[&str]) -> Result<String> {
-    let out = Command::new(helm)
+    run_helm_with(helm, args, &[], None)
+}
+
+/// Runs the Helm CLI with `env` added and `stdin` (e.g. a password for `--password-stdin`).
+pub fn run_helm_with(
+    helm: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+    stdin: Option<&str>,
+) -> Result<String> {
+    let mut child = Command::new(helm)
         .args(args)
-        .output()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .with_context(|| format!("running {}", helm.display()))?;
+    let mut input = child.stdin.take().context("helm's stdin")?;
+    input.write_all(stdin.unwrap_or_default().as_bytes())?;
+    drop(input);
+    let out = child.wait_with_output()?;
     if !out.status.success() {
         bail!("helm {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -60,7 +79,7 @@ pub fn package_app_chart(helm: &Path, work: &Path, out: &Path, version: &str) ->
     Ok(())
 }
 
-fn path_str(p: &Path) -> Result<&str> {
+pub(crate) fn path_str(p: &Path) -> Result<&str> {
     p.to_str()
         .with_context(|| format!("{} is not UTF-8", p.display()))
 }

@@ -85,7 +85,8 @@ impl std::fmt::Debug for TestEnv {
     }
 }
 
-fn free_port() -> Result<u16> {
+/// A port the kernel just handed out on loopback (for a child that needs it in its config).
+pub(crate) fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

@@ -11,7 +11,7 @@ mod pki;
 mod process;
 mod wait;
 
-pub use build::{KUBERNETES_VERSION, ensure_controlplane, ensure_helm};
+pub use build::{KUBERNETES_VERSION, ensure_controlplane, ensure_helm, ensure_oci_registry};
 pub use env::{
     ADMIN_USER, ClusterInfo, EnvOptions, EnvRecord, HUB, RESTRICTED_USERS, TestEnv,
     client_from_yaml, down, downstream_name, kubeconfig_yaml,
@@ -56,4 +56,5 @@ pub mod fixture;
 pub mod hub_harness;
 pub mod kyverno;
 pub mod local_pod;
+pub mod oci_registry;
 pub mod proxy;

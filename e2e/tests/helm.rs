@@ -1,17 +1,22 @@
 //! Helm charts on a real downstream cluster: a tiny chart packaged with the pinned Helm CLI,
-//! served by a loopback chart repository with basic auth; values from a copied Secret,
-//! rotation, drift, upgrade by version with pruning, removal, and every failure reason with
-//! what is deployed kept in place.
+//! served by a loopback chart repository with basic auth and by a real OCI registry
+//! (distribution, htpasswd or token auth); values from a copied Secret, rotation, drift,
+//! upgrade by version with pruning, removal (and `keepResources`), and every failure reason
+//! with what is deployed kept in place.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use tender_e2e::charts::ChartRepo;
 use tender_e2e::fixture::{Agent, Workspace};
+use tender_e2e::oci_registry::{OciRegistry, RegistryAuth};
 use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
 use tender_types::conditions::{TYPE_DEPLOYED, find_condition, reason};
+use tender_types::labels;
 
 const WAIT: std::time::Duration = tender_e2e::fixture::WAIT;
 const USER: &str = "chart-reader";
@@ -75,17 +80,43 @@ async fn wait_value(api: &Api<ConfigMap>, name: &str, key: &str, want: Option<&s
 
 /// Waits for the `Deployed` condition's reason to be `want`; returns its message.
 async fn deployed_reason(ws: &Workspace, cluster: &str, bundle: &str, want: &str) -> String {
+    deployed_failure(ws, cluster, bundle, want, "").await
+}
+
+/// Waits for the `Deployed` reason `want` with a message containing `fragment` (which tells
+/// two failures with the same reason apart); returns the message.
+async fn deployed_failure(
+    ws: &Workspace,
+    cluster: &str,
+    bundle: &str,
+    want: &str,
+    fragment: &str,
+) -> String {
     let api = ws.bds(cluster);
-    eventually(&format!("Deployed reason {want}"), WAIT, || async {
-        let bd = api.get_opt(bundle).await?;
-        Ok::<_, kube::Error>(bd.and_then(|bd| {
-            let s = bd.status?;
-            find_condition(&s.conditions, TYPE_DEPLOYED)
-                .filter(|c| c.reason == want)
-                .map(|c| c.message.clone())
-        }))
-    })
+    eventually(
+        &format!("Deployed reason {want} ({fragment:?})"),
+        WAIT,
+        || async {
+            let bd = api.get_opt(bundle).await?;
+            Ok::<_, kube::Error>(bd.and_then(|bd| {
+                let s = bd.status?;
+                find_condition(&s.conditions, TYPE_DEPLOYED)
+                    .filter(|c| c.reason == want && c.message.contains(fragment))
+                    .map(|c| c.message.clone())
+            }))
+        },
+    )
     .await
+}
+
+/// Whether a downstream object still carries any tender label or annotation.
+fn managed(meta: &ObjectMeta) -> bool {
+    let tender = |m: &Option<BTreeMap<String, String>>| {
+        m.iter()
+            .flatten()
+            .any(|(k, _)| labels::is_tender_key(k) || k == labels::MANAGED_BY)
+    };
+    tender(&meta.labels) || tender(&meta.annotations)
 }
 
 #[tokio::test]
@@ -158,8 +189,14 @@ async fn chart_failures_are_reported_and_keep_what_is_deployed() {
     let down = ws.downstream(&agent.downstream).await;
     let ns = unique_name("helm-fail");
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
-    ws.source_secret("app-values", &[("values.yaml", "greeting: hi\n")])
-        .await;
+    ws.source_secret(
+        "app-values",
+        &[
+            ("values.yaml", "greeting: hi\n"),
+            ("broken.yaml", "greeting: [s3cr3t-unclosed\n"),
+        ],
+    )
+    .await;
     ws.source_secret("repo-auth", &[("username", USER), ("password", PASSWORD)])
         .await;
     let base = json!({
@@ -199,6 +236,10 @@ async fn chart_failures_are_reported_and_keep_what_is_deployed() {
             reason::VALUES_FROM_MISSING,
         ),
         (
+            json!({"valuesFrom": [{"secretKeyRef": {"name": "app-values", "key": "broken.yaml"}}]}),
+            reason::VALUES_INVALID,
+        ),
+        (
             json!({"valuesFrom": null, "values": {"token": "s3cr3t-token-value"}}),
             reason::CHART_RENDER_FAILED,
         ),
@@ -223,5 +264,299 @@ async fn chart_failures_are_reported_and_keep_what_is_deployed() {
         );
         assert!(cms.get_opt("web-extra").await.unwrap().is_some(), "{want}");
     }
+    drop(agent);
+}
+
+#[tokio::test]
+async fn removal_with_keep_resources_leaves_the_chart_objects_unmanaged() {
+    let repo = repo().await;
+    let ws = Workspace::new(shared_env(1).await, "helmkeep").await;
+    let agent = helm_agent(&ws, "north").await;
+    let down = ws.downstream(&agent.downstream).await;
+    let ns = unique_name("helm-keep");
+    let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
+    ws.source_secret("app-values", &[("values.yaml", "greeting: kept\n")])
+        .await;
+    ws.source_secret("repo-auth", &[("username", USER), ("password", PASSWORD)])
+        .await;
+    let mut spec = bundle(
+        "north",
+        &ns,
+        json!({
+            "chart": "app", "repo": repo.url, "version": "0.1.0", "releaseName": "web",
+            "valuesFrom": [{"secretKeyRef": {"name": "app-values"}}],
+            "helmSecretName": "repo-auth"
+        }),
+    );
+    spec["keepResources"] = json!(true);
+    ws.bundle("app", spec).await;
+    ws.ready("north", "app").await;
+    let deployed = cms.get("web-config").await.unwrap();
+    assert!(managed(&deployed.metadata));
+
+    ws.delete_bundle("app").await;
+    let bds = ws.bds("north");
+    eventually("the BundleDeployment is gone", WAIT, || async {
+        Ok::<_, kube::Error>(bds.get_opt("app").await?.is_none().then_some(()))
+    })
+    .await;
+    for name in ["web-config", "web-extra"] {
+        let cm = cms
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{name} was removed: {e}"));
+        assert!(
+            !managed(&cm.metadata),
+            "{name} still carries tender metadata"
+        );
+        if name == "web-config" {
+            assert_eq!(
+                cm.metadata.uid, deployed.metadata.uid,
+                "the same object, not a new one"
+            );
+        }
+    }
+    assert_eq!(
+        config_value(&cms, "web-config", "greeting")
+            .await
+            .as_deref(),
+        Some("kept")
+    );
+    drop(agent);
+}
+
+// ---------------------------------------------------------------------------------------------
+// OCI registries.
+
+const REG_USER: &str = "chart-puller";
+const REG_PASSWORD: &str = "reg-pass-456";
+
+/// `app` 0.1.0 and 0.2.0+build.1 (tag `0.2.0_build.1`) in a registry with `auth`.
+async fn registry(auth: RegistryAuth) -> OciRegistry {
+    let reg = OciRegistry::start(auth, REG_USER, REG_PASSWORD)
+        .await
+        .expect("starting the OCI registry");
+    for v in ["0.1.0", "0.2.0+build.1"] {
+        reg.push_app_chart(v).expect("pushing the chart");
+    }
+    reg
+}
+
+fn oci_helm(reg: &OciRegistry, version: &str, auth: Option<&str>) -> Value {
+    let mut h = json!({
+        "chart": reg.chart(), "basicHTTP": true, "version": version, "releaseName": "web",
+        "values": {"greeting": "inline"},
+        "valuesFrom": [{"secretKeyRef": {"name": "app-values", "key": "values.yaml"}}],
+    });
+    if let Some(name) = auth {
+        h["helmSecretName"] = json!(name);
+    }
+    h
+}
+
+#[tokio::test]
+async fn oci_chart_needs_the_copied_credentials_renders_values_rotates_and_upgrades() {
+    let reg = registry(RegistryAuth::Basic).await;
+    let ws = Workspace::new(shared_env(1).await, "helmoci").await;
+    let agent = helm_agent(&ws, "oci-east").await;
+    let down = ws.downstream(&agent.downstream).await;
+    let ns = unique_name("helm-oci");
+    let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
+    ws.source_secret("app-values", &[("values.yaml", "greeting: hello-oci\n")])
+        .await;
+    ws.source_secret(
+        "repo-auth",
+        &[("username", REG_USER), ("password", REG_PASSWORD)],
+    )
+    .await;
+
+    // Without credentials the registry refuses the agent, and nothing is served to it.
+    ws.bundle(
+        "app",
+        bundle("oci-east", &ns, oci_helm(&reg, "0.1.0", None)),
+    )
+    .await;
+    let msg = deployed_reason(&ws, "oci-east", "app", reason::CHART_AUTH_FAILED).await;
+    assert!(
+        msg.contains("helmSecretName") && !msg.contains(REG_PASSWORD),
+        "{msg}"
+    );
+    assert!(
+        reg.agent_refused() > 0,
+        "no 401 in the registry log: {}",
+        reg.log()
+    );
+    assert_eq!(reg.agent_served(), 0, "{}", reg.log());
+    assert!(cms.get_opt("web-config").await.unwrap().is_none());
+
+    // With the copied Secret it pulls, renders the copied values and deploys.
+    ws.bundle(
+        "app",
+        bundle("oci-east", &ns, oci_helm(&reg, "0.1.0", Some("repo-auth"))),
+    )
+    .await;
+    ws.ready("oci-east", "app").await;
+    assert_eq!(
+        config_value(&cms, "web-config", "greeting")
+            .await
+            .as_deref(),
+        Some("hello-oci")
+    );
+    assert_eq!(
+        config_value(&cms, "web-config", "version").await.as_deref(),
+        Some("0.1.0")
+    );
+    assert!(cms.get_opt("web-extra").await.unwrap().is_some());
+    assert!(reg.agent_served() > 0);
+
+    // Rotating the copied values Secret changes the object downstream.
+    ws.source_secret("app-values", &[("values.yaml", "greeting: rotated-oci\n")])
+        .await;
+    wait_value(&cms, "web-config", "greeting", Some("rotated-oci")).await;
+
+    // A wrong password (rotated into the copied Secret) is refused; what is deployed stays.
+    ws.source_secret(
+        "repo-auth",
+        &[("username", REG_USER), ("password", "wrong-pass-789")],
+    )
+    .await;
+    let msg = deployed_failure(&ws, "oci-east", "app", reason::CHART_AUTH_FAILED, "401").await;
+    assert!(
+        !msg.contains("wrong-pass-789") && !msg.contains("rotated-oci"),
+        "{msg}"
+    );
+    assert_eq!(
+        config_value(&cms, "web-config", "greeting")
+            .await
+            .as_deref(),
+        Some("rotated-oci")
+    );
+    ws.source_secret(
+        "repo-auth",
+        &[("username", REG_USER), ("password", REG_PASSWORD)],
+    )
+    .await;
+    ws.ready("oci-east", "app").await;
+
+    // Upgrade by a range: tags are listed, `0.2.0_build.1` read as 0.2.0+build.1, and the
+    // object the new version no longer renders is pruned.
+    ws.bundle(
+        "app",
+        bundle("oci-east", &ns, oci_helm(&reg, "^0.2", Some("repo-auth"))),
+    )
+    .await;
+    wait_value(&cms, "web-config", "version", Some("0.2.0+build.1")).await;
+    wait_value(&cms, "web-extra", "", None).await;
+    ws.ready("oci-east", "app").await;
+    assert_eq!(
+        config_value(&cms, "web-config", "greeting")
+            .await
+            .as_deref(),
+        Some("rotated-oci")
+    );
+
+    ws.delete_bundle("app").await;
+    wait_value(&cms, "web-config", "", None).await;
+    drop(agent);
+}
+
+#[tokio::test]
+async fn oci_bearer_token_flow_and_failures_keep_what_is_deployed() {
+    let reg = registry(RegistryAuth::Token).await;
+    reg.push_app_chart("0.3.0").expect("pushing 0.3.0");
+    reg.corrupt_chart("0.3.0").expect("corrupting 0.3.0");
+    let ws = Workspace::new(shared_env(1).await, "helmocifail").await;
+    let agent = helm_agent(&ws, "oci-west").await;
+    let down = ws.downstream(&agent.downstream).await;
+    let ns = unique_name("helm-oci-fail");
+    let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
+    ws.source_secret("app-values", &[("values.yaml", "greeting: via-token\n")])
+        .await;
+    // Credentials as a .dockerconfigjson entry for the registry's host.
+    let docker_config = |password: &str| {
+        json!({"auths": {reg.host.clone(): {"username": REG_USER, "password": password}}})
+            .to_string()
+    };
+    ws.source_secret(
+        "repo-auth",
+        &[(".dockerconfigjson", &docker_config(REG_PASSWORD))],
+    )
+    .await;
+    ws.bundle(
+        "app",
+        bundle("oci-west", &ns, oci_helm(&reg, "0.1.0", Some("repo-auth"))),
+    )
+    .await;
+    ws.ready("oci-west", "app").await;
+    assert_eq!(
+        config_value(&cms, "web-config", "greeting")
+            .await
+            .as_deref(),
+        Some("via-token")
+    );
+    let kept = |want: &'static str| {
+        let cms = cms.clone();
+        async move {
+            assert_eq!(
+                config_value(&cms, "web-config", "greeting")
+                    .await
+                    .as_deref(),
+                Some("via-token"),
+                "{want}: the deployed chart objects stay"
+            );
+            assert!(cms.get_opt("web-extra").await.unwrap().is_some(), "{want}");
+        }
+    };
+    let clean = |msg: &str| {
+        for secret in [REG_PASSWORD, "wrong-pass-789", "via-token", "Bearer "] {
+            assert!(!msg.contains(secret), "{secret:?} in the message: {msg}");
+        }
+    };
+
+    // A rotation to a wrong password: the token issuer refuses it.
+    ws.source_secret(
+        "repo-auth",
+        &[(".dockerconfigjson", &docker_config("wrong-pass-789"))],
+    )
+    .await;
+    let msg = deployed_reason(&ws, "oci-west", "app", reason::CHART_AUTH_FAILED).await;
+    assert!(msg.contains("token service"), "{msg}");
+    clean(&msg);
+    kept(reason::CHART_AUTH_FAILED).await;
+    ws.source_secret(
+        "repo-auth",
+        &[(".dockerconfigjson", &docker_config(REG_PASSWORD))],
+    )
+    .await;
+    ws.ready("oci-west", "app").await;
+
+    let cases = [
+        ("9.9.9", reason::CHART_VERSION_NOT_FOUND, "no tag 9.9.9"),
+        ("0.3.0", reason::CHART_DIGEST_MISMATCH, "sha256"),
+        (
+            "^5.0",
+            reason::CHART_VERSION_NOT_FOUND,
+            "no version matches",
+        ),
+    ];
+    for (version, want, fragment) in cases {
+        ws.bundle(
+            "app",
+            bundle("oci-west", &ns, oci_helm(&reg, version, Some("repo-auth"))),
+        )
+        .await;
+        let msg = deployed_failure(&ws, "oci-west", "app", want, fragment).await;
+        clean(&msg);
+        kept(want).await;
+    }
+
+    // A registry that is not there.
+    let mut gone = oci_helm(&reg, "0.1.0", Some("repo-auth"));
+    gone["chart"] = json!("oci://127.0.0.1:9/charts/app");
+    gone.as_object_mut().unwrap().remove("helmSecretName");
+    ws.bundle("app", bundle("oci-west", &ns, gone)).await;
+    let msg = deployed_reason(&ws, "oci-west", "app", reason::CHART_REPOSITORY_UNREACHABLE).await;
+    clean(&msg);
+    kept(reason::CHART_REPOSITORY_UNREACHABLE).await;
     drop(agent);
 }

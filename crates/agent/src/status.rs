@@ -89,10 +89,11 @@ fn short(id: &str) -> &str {
 
 /// Reasons an object's error message may start with (`Reason: ...`), which then become the
 /// `Deployed` reason instead of `ApplyFailed`: a chart that cannot be rendered.
-const SPECIFIC_ERRORS: [&str; 6] = [
+const SPECIFIC_ERRORS: [&str; 7] = [
     reason::CHART_REPOSITORY_UNREACHABLE,
     reason::CHART_AUTH_FAILED,
     reason::CHART_VERSION_NOT_FOUND,
+    reason::CHART_DIGEST_MISMATCH,
     reason::CHART_RENDER_FAILED,
     reason::VALUES_FROM_MISSING,
     reason::VALUES_INVALID,

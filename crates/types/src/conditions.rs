@@ -58,6 +58,8 @@ pub mod reason {
     pub const CHART_AUTH_FAILED: &str = "ChartAuthFailed";
     /// No chart version matches `helm.version`.
     pub const CHART_VERSION_NOT_FOUND: &str = "ChartVersionNotFound";
+    /// The chart archive's sha256 differs from the digest the index or the OCI manifest names.
+    pub const CHART_DIGEST_MISMATCH: &str = "ChartDigestMismatch";
     /// `helm template` failed (its message, never the values).
     pub const CHART_RENDER_FAILED: &str = "ChartRenderFailed";
     /// A `valuesFrom` object or key (or the `helmSecretName` Secret) is missing downstream.

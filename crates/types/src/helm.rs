@@ -20,6 +20,14 @@ use crate::schema::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN};
     {
         "rule": "self.chart.startsWith('oci://') ? !has(self.repo) : has(self.repo)",
         "message": "helm.repo is required for a chart name and not allowed with an oci:// chart reference"
+    },
+    {
+        "rule": "!self.chart.startsWith('oci://') || self.chart.matches('^oci://[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+$')",
+        "message": "helm.chart must be oci://<host>[:port]/<path>/<name> (lowercase repository path, no tag: set helm.version)"
+    },
+    {
+        "rule": "!has(self.basicHTTP) || !self.basicHTTP || self.chart.startsWith('oci://')",
+        "message": "helm.basicHTTP applies to oci:// charts only (an HTTP repository's scheme is in helm.repo)"
     }
 ]))]
 pub struct HelmOptions {
@@ -60,10 +68,18 @@ pub struct HelmOptions {
     #[schemars(range(min = 1, max = 3600))]
     pub timeout_seconds: Option<u32>,
 
-    /// Name of a Secret with `username` and `password` keys for the chart repository or registry, read downstream (copy it with downstreamResources).
+    /// Name of a Secret with `username` and `password` keys (or, for an `oci://` registry, a `.dockerconfigjson` naming its host) for the chart repository or registry, read downstream (copy it with downstreamResources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
     pub helm_secret_name: Option<String>,
+
+    /// Talk plain HTTP (no TLS) to the `oci://` registry, as Fleet's `basicHTTP`; for test and in-cluster registries only: credentials then travel unencrypted.
+    #[serde(
+        default,
+        rename = "basicHTTP",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub basic_http: bool,
 }
 
 impl HelmOptions {
@@ -181,6 +197,21 @@ mod tests {
         assert_eq!(base["a"], json!("s"));
         merge_values(&mut base, map(json!({"a": {"x": 2}})));
         assert_eq!(base["a"], json!({"x": 2}));
+    }
+
+    #[test]
+    fn basic_http_is_fleets_name_and_absent_when_off() {
+        let mut h = HelmOptions {
+            chart: "oci://r/x".into(),
+            ..Default::default()
+        };
+        // Off: not serialised, so deploymentIDs of existing charts do not change.
+        assert_eq!(
+            serde_json::to_value(&h).unwrap(),
+            json!({"chart": "oci://r/x", "takeOwnership": false})
+        );
+        h.basic_http = true;
+        assert_eq!(serde_json::to_value(&h).unwrap()["basicHTTP"], json!(true));
     }
 
     #[test]

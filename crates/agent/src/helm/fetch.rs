@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use bytes::Bytes;
 use http::{Request, StatusCode, header};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -21,6 +21,10 @@ use super::ChartFailure;
 
 /// Redirects followed before giving up.
 const MAX_REDIRECTS: usize = 5;
+/// Largest response read (an index, a manifest, a chart archive).
+const MAX_BODY: usize = 64 << 20;
+/// Sent with every request, so a registry's log names the agent.
+const USER_AGENT: &str = concat!("tender-agent/", env!("CARGO_PKG_VERSION"));
 
 /// One version of a chart in a repository's `index.yaml`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -107,7 +111,8 @@ fn absolute(repo: &str, url: &str) -> String {
     }
 }
 
-fn origin(url: &str) -> &str {
+/// `scheme://host[:port]` of `url`.
+pub(crate) fn origin(url: &str) -> &str {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let host_len = rest.find('/').unwrap_or(rest.len());
     &url[..url.len() - rest.len() + host_len]
@@ -141,20 +146,23 @@ impl Http {
         }
     }
 
-    /// GET `url`; credentials are sent only to the repository's own origin.
-    async fn get(
+    /// GET `url`, following redirects; `authorization` is sent only while the URL's origin is
+    /// `auth_origin`. Any status is returned: the caller decides what it means.
+    pub(crate) async fn send(
         &self,
         url: &str,
-        repo: &str,
-        auth: Option<&(String, String)>,
-    ) -> Result<Bytes, ChartFailure> {
+        auth_origin: &str,
+        authorization: Option<&str>,
+        accept: Option<&str>,
+    ) -> Result<Reply, ChartFailure> {
         let mut url = url.to_string();
         for _ in 0..=MAX_REDIRECTS {
-            let mut req = Request::get(&url);
-            if let Some((user, pass)) = auth.filter(|_| origin(&url) == origin(repo)) {
-                let token =
-                    base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
-                req = req.header(header::AUTHORIZATION, format!("Basic {token}"));
+            let mut req = Request::get(&url).header(header::USER_AGENT, USER_AGENT);
+            if let Some(value) = authorization.filter(|_| origin(&url) == auth_origin) {
+                req = req.header(header::AUTHORIZATION, value);
+            }
+            if let Some(accept) = accept {
+                req = req.header(header::ACCEPT, accept);
             }
             let req = req.body(Empty::new()).map_err(|e| {
                 ChartFailure::new(
@@ -182,39 +190,55 @@ impl Http {
                 };
                 continue;
             }
-            return match status {
-                s if s.is_success() => resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .map_err(|e| {
-                        ChartFailure::new(
-                            reason::CHART_REPOSITORY_UNREACHABLE,
-                            format!("GET {url}: reading the body: {e}"),
-                        )
-                    }),
-                StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(ChartFailure::new(
-                    reason::CHART_AUTH_FAILED,
-                    format!(
-                        "GET {url}: {status}{}",
-                        if auth.is_some() {
-                            " (check the username/password of helmSecretName)"
-                        } else {
-                            " (set helm.helmSecretName to a copied Secret with username/password)"
-                        }
-                    ),
-                )),
-                _ => Err(ChartFailure::new(
-                    reason::CHART_REPOSITORY_UNREACHABLE,
-                    format!("GET {url}: {status}"),
-                )),
-            };
+            let headers = resp.headers().clone();
+            let body = Limited::new(resp.into_body(), MAX_BODY)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| {
+                    ChartFailure::new(
+                        reason::CHART_REPOSITORY_UNREACHABLE,
+                        format!("GET {url}: reading the body: {e}"),
+                    )
+                })?;
+            return Ok(Reply {
+                status,
+                headers,
+                body,
+                url,
+            });
         }
         Err(ChartFailure::new(
             reason::CHART_REPOSITORY_UNREACHABLE,
             format!("GET {url}: more than {MAX_REDIRECTS} redirects"),
         ))
+    }
+
+    /// GET `url` of an HTTP chart repository; credentials are sent only to its own origin.
+    async fn get(
+        &self,
+        url: &str,
+        repo: &str,
+        auth: Option<&(String, String)>,
+    ) -> Result<Bytes, ChartFailure> {
+        let basic = auth.map(|(user, pass)| basic_auth(user, pass));
+        let reply = self.send(url, origin(repo), basic.as_deref(), None).await?;
+        match reply.status {
+            s if s.is_success() => Ok(reply.body),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => Err(ChartFailure::new(
+                reason::CHART_AUTH_FAILED,
+                format!(
+                    "GET {}: {}{}",
+                    reply.url,
+                    reply.status,
+                    auth_hint(auth.is_some())
+                ),
+            )),
+            s => Err(ChartFailure::new(
+                reason::CHART_REPOSITORY_UNREACHABLE,
+                format!("GET {}: {s}", reply.url),
+            )),
+        }
     }
 
     /// The chart archive `helm` selects, from the cache or downloaded into it.
@@ -251,11 +275,8 @@ impl Http {
             .as_deref()
             .filter(|d| d.len() == 64 && d.chars().all(|c| c.is_ascii_hexdigit()))
             .map(str::to_ascii_lowercase);
-        if let Some(d) = &digest {
-            let cached = cache_dir.join(format!("{d}.tgz"));
-            if cached.exists() {
-                return Ok(cached);
-            }
+        if let Some(path) = digest.as_deref().and_then(|d| cached(cache_dir, d)) {
+            return Ok(path);
         }
         let url = entry.urls.first().ok_or_else(|| {
             ChartFailure::new(
@@ -272,24 +293,61 @@ impl Http {
             && *d != actual
         {
             return Err(ChartFailure::new(
-                reason::CHART_REPOSITORY_UNREACHABLE,
+                reason::CHART_DIGEST_MISMATCH,
                 format!(
                     "chart {:?} {}: the archive's sha256 does not match the index digest",
                     helm.chart, entry.version
                 ),
             ));
         }
-        store(cache_dir, &actual, &archive).map_err(|e| {
-            ChartFailure::new(
-                reason::CHART_RENDER_FAILED,
-                format!("writing the chart cache {}: {e}", cache_dir.display()),
-            )
-        })
+        store(cache_dir, &actual, &archive)
     }
 }
 
+/// A response: status, headers, the whole body, and the URL that answered (after redirects).
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: http::HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) url: String,
+}
+
+/// `Basic base64(user:pass)`.
+pub(crate) fn basic_auth(user: &str, pass: &str) -> String {
+    let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}"));
+    format!("Basic {token}")
+}
+
+/// What to do about a 401/403, by whether credentials were sent.
+pub(crate) fn auth_hint(with_credentials: bool) -> &'static str {
+    if with_credentials {
+        " (check the credentials in helmSecretName)"
+    } else {
+        " (set helm.helmSecretName to a copied Secret with username/password)"
+    }
+}
+
+/// The cached archive of `digest` (sha256 hex), if any.
+pub(crate) fn cached(cache_dir: &Path, digest: &str) -> Option<PathBuf> {
+    let path = cache_dir.join(format!("{digest}.tgz"));
+    path.exists().then_some(path)
+}
+
 /// Writes an archive into the cache under its digest (temporary file + rename).
-fn store(cache_dir: &Path, digest: &str, archive: &[u8]) -> std::io::Result<PathBuf> {
+pub(crate) fn store(
+    cache_dir: &Path,
+    digest: &str,
+    archive: &[u8],
+) -> Result<PathBuf, ChartFailure> {
+    write_cache(cache_dir, digest, archive).map_err(|e| {
+        ChartFailure::new(
+            reason::CHART_RENDER_FAILED,
+            format!("writing the chart cache {}: {e}", cache_dir.display()),
+        )
+    })
+}
+
+fn write_cache(cache_dir: &Path, digest: &str, archive: &[u8]) -> std::io::Result<PathBuf> {
     std::fs::create_dir_all(cache_dir)?;
     let path = cache_dir.join(format!("{digest}.tgz"));
     let tmp = cache_dir.join(format!(".{digest}.{}.partial", std::process::id()));

@@ -3,13 +3,19 @@
 //! → the rendered objects go through the same plan and apply path as inline manifests.
 //!
 //! Values and credentials live only in memory: values reach helm on stdin, credentials become a
-//! basic-auth header, and neither appears in logs, events, status or the chart cache.
+//! basic-auth header (or buy a registry's bearer token), and neither appears in logs, events,
+//! status or the chart cache.
 
 mod fetch;
+mod oci;
 mod render;
 mod values;
 
 pub use fetch::{ChartEntry, select_version};
+pub use oci::{
+    Challenge, OciRef, chart_layer_digest, docker_config_credentials, parse_challenge,
+    parse_reference, select_tag, version_tag,
+};
 pub use render::{parse_rendered, redact, render_args};
 pub use values::{ObjectData, ValueSource, merge_sources, needed_sources};
 
@@ -125,13 +131,9 @@ impl Charts {
         }
         let work = async {
             let chart = if helm.is_oci() {
-                return Err(ChartFailure::new(
-                    reason::CHART_REPOSITORY_UNREACHABLE,
-                    format!(
-                        "{}: OCI chart references are not supported by this agent yet; use an HTTP chart repository",
-                        helm.chart
-                    ),
-                ));
+                self.http
+                    .fetch_oci(&self.cache_dir, helm, auth.as_ref())
+                    .await?
             } else {
                 self.http
                     .fetch_chart(&self.cache_dir, helm, auth.as_ref())

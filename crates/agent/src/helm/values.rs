@@ -12,6 +12,7 @@ use tender_types::helm::merge_values;
 use tender_types::{HelmOptions, KeyRef};
 
 use super::ChartFailure;
+use super::oci::{docker_config_credentials, parse_reference};
 use crate::plan::Planned;
 
 /// A Secret or ConfigMap a chart reads downstream.
@@ -197,7 +198,8 @@ pub fn merge_sources(
     Ok(merged)
 }
 
-/// `username`/`password` of the `helmSecretName` Secret, if set.
+/// `username`/`password` of the `helmSecretName` Secret, if set; for an `oci://` chart a
+/// `.dockerconfigjson` entry for the registry's host serves as well.
 pub fn credentials(
     helm: &HelmOptions,
     namespace: &str,
@@ -228,10 +230,20 @@ pub fn credentials(
             .get(key)
             .and_then(|b| String::from_utf8(b.clone()).ok())
     };
-    match (text("username"), text("password")) {
-        (Some(u), Some(p)) => Ok(Some((u, p))),
-        _ => Err(missing("needs the keys username and password")),
+    if let (Some(u), Some(p)) = (text("username"), text("password")) {
+        return Ok(Some((u, p)));
     }
+    let Some(config) = data.0.get(".dockerconfigjson") else {
+        return Err(missing("needs the keys username and password"));
+    };
+    let host = parse_reference(&helm.chart).map(|r| r.host).map_err(|_| {
+        missing(
+            "needs the keys username and password (.dockerconfigjson serves oci:// charts only)",
+        )
+    })?;
+    docker_config_credentials(config, &host)
+        .map(Some)
+        .ok_or_else(|| missing(&format!("has no .dockerconfigjson entry for {host}")))
 }
 
 #[cfg(test)]
@@ -387,6 +399,29 @@ mod tests {
         let err = credentials(&h, "apps", &found).unwrap_err();
         assert_eq!(err.reason, reason::VALUES_FROM_MISSING);
         assert!(!format!("{err:?}").contains("\"u\""));
+    }
+
+    #[test]
+    fn a_docker_config_serves_an_oci_chart_by_host() {
+        let mut h = helm();
+        h.repo = None;
+        h.chart = "oci://reg.example:5000/charts/app".into();
+        h.helm_secret_name = Some("auth".into());
+        let config = r#"{"auths":{"reg.example:5000":{"username":"u","password":"p"}}}"#;
+        let found = HashMap::from([(src(true, "auth"), data(&[(".dockerconfigjson", config)]))]);
+        assert_eq!(
+            credentials(&h, "apps", &found),
+            Ok(Some(("u".into(), "p".into())))
+        );
+        h.chart = "oci://elsewhere.example/charts/app".into();
+        let err = credentials(&h, "apps", &found).unwrap_err();
+        assert_eq!(err.reason, reason::VALUES_FROM_MISSING);
+        assert!(
+            err.message
+                .contains("no .dockerconfigjson entry for elsewhere.example"),
+            "{err}"
+        );
+        assert!(!err.message.contains("\"p\""), "{err}");
     }
 
     #[test]
