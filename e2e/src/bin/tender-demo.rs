@@ -201,7 +201,7 @@ async fn main() -> Result<()> {
         .await?;
     print!(
         "{}",
-        tender_cli::status::render_table(&bundles.items, &clusters.items)
+        tender_cli::status::render_table(&[], &bundles.items, &clusters.items)
     );
 
     if args.keep_running {
