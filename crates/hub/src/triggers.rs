@@ -1,9 +1,9 @@
 //! From cache events to reconcile requests: which change of which object wakes which
 //! reconciler, and the executor's memo entries each event retires.
 //!
-//! One feed per cache. The Bundle, Cluster, ClusterGroup and HelmOp feeds also hand every applied
-//! object to their controller's own trigger stream (`Controller::for_stream`), so each kind is
-//! watched exactly once per process.
+//! One feed per cache. The Bundle, Cluster, ClusterGroup and HelmOp feeds also hand every
+//! applied object to their controller's own trigger stream (`Controller::for_stream`), so each
+//! kind is watched exactly once per process.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;

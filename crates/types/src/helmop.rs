@@ -342,6 +342,20 @@ const FLEET_ONLY_TARGET: &[Unsupported] = &[
         "object",
         "set correctDrift for the whole HelmOp",
     ),
+    Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
+    Unsupported::present(
+        "forceSyncGeneration",
+        "integer",
+        "not needed: any change of spec or of a copied source redeploys",
+    ),
+    Unsupported::when_true(
+        "deleteNamespace",
+        "namespaces the agent creates are never deleted",
+    ),
+    Unsupported::when_true(
+        "deleteCRDResources",
+        "CRDs are deleted like any other object unless keepResources",
+    ),
     Unsupported::present(
         "diff",
         "object",
