@@ -9,9 +9,9 @@ use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use tender_e2e::{HUB, crds::install_crds, shared_env, unique_name};
 
 /// The fixtures in `crates/types/tests/fixtures/valid`: every one must be accepted.
-const VALID_FIXTURES: usize = 12;
+const VALID_FIXTURES: usize = 14;
 /// The fixtures in `crates/types/tests/fixtures/invalid`: every one must be rejected.
-const INVALID_FIXTURES: usize = 36;
+const INVALID_FIXTURES: usize = 45;
 
 /// Every fixture of `kind` (`valid` or `invalid`) with its text, sorted by path. Fails when the
 /// directory holds anything that is not a `.yaml` fixture, so none is silently skipped.
@@ -147,7 +147,13 @@ async fn kubectl_get_tender_category_and_printer_columns_are_served() {
         .unwrap();
     let list: serde_json::Value = client.request(req).await.unwrap();
     let resources = list["resources"].as_array().unwrap();
-    for plural in ["clusters", "clustergroups", "bundles", "bundledeployments"] {
+    for plural in [
+        "clusters",
+        "clustergroups",
+        "bundles",
+        "bundledeployments",
+        "helmops",
+    ] {
         let r = resources
             .iter()
             .find(|r| r["name"] == plural)
@@ -164,25 +170,36 @@ async fn kubectl_get_tender_category_and_printer_columns_are_served() {
         );
     }
 
-    // The columns `kubectl get bundles` prints come from the server-side Table conversion.
-    let req = http::Request::get(format!("/apis/tender.dev/v1alpha1/namespaces/{ns}/bundles"))
+    // The columns `kubectl get bundles` (and helmops) prints come from the server-side Table
+    // conversion.
+    for (plural, wants) in [
+        ("bundles", &["Clusters-Ready", "Status", "Age"][..]),
+        (
+            "helmops",
+            &["Chart", "Version", "Clusters-Ready", "Status", "Age"][..],
+        ),
+    ] {
+        let req = http::Request::get(format!(
+            "/apis/tender.dev/v1alpha1/namespaces/{ns}/{plural}"
+        ))
         .header(
             "Accept",
             "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
         )
         .body(Vec::new())
         .unwrap();
-    let table: serde_json::Value = client.request(req).await.unwrap();
-    let columns: Vec<&str> = table["columnDefinitions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c["name"].as_str().unwrap())
-        .collect();
-    for want in ["Clusters-Ready", "Status", "Age"] {
-        assert!(
-            columns.contains(&want),
-            "bundle columns {columns:?} lack {want}"
-        );
+        let table: serde_json::Value = client.request(req).await.unwrap();
+        let columns: Vec<&str> = table["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        for want in wants {
+            assert!(
+                columns.contains(want),
+                "{plural} columns {columns:?} lack {want}"
+            );
+        }
     }
 }

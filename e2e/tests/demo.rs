@@ -3,7 +3,7 @@
 use std::process::Command;
 
 #[test]
-fn demo_copies_deploys_and_rotates() {
+fn demo_copies_deploys_rotates_and_deploys_a_helm_chart() {
     // Three consecutive free ports for the hub's and the agents' metrics servers.
     let base = (0..50)
         .map(|_| {
@@ -38,6 +38,27 @@ fn demo_copies_deploys_and_rotates() {
             "{stdout}"
         );
     }
+    // The Helm step: values from the copied Secret rendered on both clusters, then rotated.
+    for cluster in ["east", "west"] {
+        assert!(
+            stdout.contains(&format!("helm values arrived at {cluster}"))
+                && stdout.contains(&format!("helm rotation arrived at {cluster}")),
+            "{stdout}"
+        );
+    }
+    assert!(stdout.contains(r#"greeting="hello again""#), "{stdout}");
+    // `tender status`: the HelmOp's row shows its chart and both clusters ready.
+    assert!(
+        stdout.lines().any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.first() == Some(&"web")
+                && cols.contains(&"app")
+                && cols.contains(&"0.1.0")
+                && cols.contains(&"2/2")
+                && cols.contains(&"True")
+        }),
+        "{stdout}"
+    );
     // `tender status`: the Bundle's row shows both clusters ready.
     assert!(
         stdout.lines().any(|l| {

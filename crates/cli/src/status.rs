@@ -1,4 +1,4 @@
-//! `tender status`: Bundles and Clusters of a workspace at a glance, or one Bundle cluster by
+//! `tender status`: HelmOps, Bundles and Clusters of a workspace at a glance, or one Bundle cluster by
 //! cluster, as a table, JSON or YAML.
 //!
 //! Reading the hub is kept apart from rendering: [`workspace_report`] and [`bundle_report`]
@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde::Serialize;
-use tender_types::{Bundle, BundleDeployment, Cluster, conditions, labels};
+use tender_types::{Bundle, BundleDeployment, Cluster, HelmOp, conditions, labels};
 
 /// Arguments of `tender status`.
 #[derive(Debug, clap::Args)]
@@ -48,12 +48,15 @@ pub enum Output {
     Yaml,
 }
 
-/// A workspace: its Bundles and Clusters.
+/// A workspace: its HelmOps, Bundles and Clusters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceReport {
     /// The workspace namespace.
     pub workspace: String,
+    /// One row per HelmOp, by name (each has a Bundle of the same name among `bundles`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub helm_ops: Vec<HelmOpRow>,
     /// One row per Bundle, by name.
     pub bundles: Vec<BundleRow>,
     /// One row per Cluster, by name.
@@ -76,6 +79,48 @@ pub struct BundleRow {
     pub reason: String,
     /// Message of the Ready condition.
     pub message: String,
+}
+
+/// One HelmOp's summary: its chart and its Bundle's state as the hub reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HelmOpRow {
+    /// HelmOp name (also the name of its Bundle).
+    pub name: String,
+    /// `spec.helm.chart`.
+    pub chart: String,
+    /// `spec.helm.version` (empty: latest stable).
+    pub version: String,
+    /// Ready clusters out of targeted ones, e.g. `2/3`.
+    pub clusters_ready: String,
+    /// Status of the Ready condition: True, False or Unknown.
+    pub ready: String,
+    /// Reason of the Ready condition (e.g. BundleConflict).
+    pub reason: String,
+    /// Message of the Ready condition.
+    pub message: String,
+}
+
+/// The rows of `helm_ops`, sorted by name.
+pub fn helm_op_rows(helm_ops: &[HelmOp]) -> Vec<HelmOpRow> {
+    let mut rows: Vec<HelmOpRow> = helm_ops
+        .iter()
+        .map(|h| {
+            let status = h.status.clone().unwrap_or_default();
+            let (ready, reason, message) = ready_parts(&status.conditions);
+            HelmOpRow {
+                name: h.name_any(),
+                chart: h.spec.helm.chart.clone(),
+                version: h.spec.helm.version.clone().unwrap_or_default(),
+                clusters_ready: status.display.unwrap_or_default().ready_clusters,
+                ready,
+                reason,
+                message,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
 }
 
 /// One Cluster's summary.
@@ -194,6 +239,7 @@ pub fn workspace_report(
     clusters.sort_by(|a, b| a.name.cmp(&b.name));
     WorkspaceReport {
         workspace: workspace.to_string(),
+        helm_ops: Vec::new(),
         bundles,
         clusters,
     }
@@ -286,8 +332,39 @@ fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// A workspace as two tables, Bundles then Clusters.
+/// A workspace as tables: HelmOps (when there are any), Bundles, then Clusters.
 pub fn render_workspace_table(report: &WorkspaceReport) -> String {
+    let helm_ops: Vec<Vec<String>> = report
+        .helm_ops
+        .iter()
+        .map(|h| {
+            vec![
+                h.name.clone(),
+                h.chart.clone(),
+                h.version.clone(),
+                h.clusters_ready.clone(),
+                h.ready.clone(),
+                h.reason.clone(),
+                h.message.clone(),
+            ]
+        })
+        .collect();
+    let helm_ops = if helm_ops.is_empty() {
+        String::new()
+    } else {
+        table(
+            &[
+                "HELMOP",
+                "CHART",
+                "VERSION",
+                "CLUSTERS-READY",
+                "READY",
+                "REASON",
+                "MESSAGE",
+            ],
+            &helm_ops,
+        ) + "\n"
+    };
     let bundles: Vec<Vec<String>> = report
         .bundles
         .iter()
@@ -315,7 +392,7 @@ pub fn render_workspace_table(report: &WorkspaceReport) -> String {
         })
         .collect();
     format!(
-        "{}\n{}",
+        "{helm_ops}{}\n{}",
         table(
             &["BUNDLE", "CLUSTERS-READY", "READY", "REASON", "MESSAGE"],
             &bundles
@@ -413,15 +490,22 @@ pub async fn run(args: Args) -> Result<()> {
                 .list(&ListParams::default())
                 .await
                 .with_context(|| format!("listing Bundles in {ws}"))?;
-            let clusters = Api::<Cluster>::namespaced(hub, ws)
+            let clusters = Api::<Cluster>::namespaced(hub.clone(), ws)
                 .list(&ListParams::default())
                 .await
                 .with_context(|| format!("listing Clusters in {ws}"))?;
-            render(
-                &workspace_report(ws, &bundles.items, &clusters.items),
-                args.output,
-                render_workspace_table,
-            )?
+            // A hub whose CRDs predate HelmOps simply has none.
+            let helm_ops = match Api::<HelmOp>::namespaced(hub, ws)
+                .list(&ListParams::default())
+                .await
+            {
+                Ok(list) => list.items,
+                Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
+                Err(e) => return Err(e).with_context(|| format!("listing HelmOps in {ws}")),
+            };
+            let mut report = workspace_report(ws, &bundles.items, &clusters.items);
+            report.helm_ops = helm_op_rows(&helm_ops);
+            render(&report, args.output, render_workspace_table)?
         }
         Some(name) => {
             let bundle = Api::<Bundle>::namespaced(hub.clone(), ws)
@@ -453,9 +537,12 @@ pub async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-/// One line per Bundle and per Cluster, `kubectl get`-style (the table of [`workspace_report`]).
-pub fn render_table(bundles: &[Bundle], clusters: &[Cluster]) -> String {
-    render_workspace_table(&workspace_report("", bundles, clusters))
+/// One line per HelmOp, Bundle and Cluster, `kubectl get`-style (the table of
+/// [`workspace_report`] with [`helm_op_rows`]).
+pub fn render_table(helm_ops: &[HelmOp], bundles: &[Bundle], clusters: &[Cluster]) -> String {
+    let mut report = workspace_report("", bundles, clusters);
+    report.helm_ops = helm_op_rows(helm_ops);
+    render_workspace_table(&report)
 }
 
 #[cfg(test)]
@@ -566,8 +653,53 @@ mod tests {
         );
         // The compatibility entry point renders the same table.
         assert_eq!(
-            render_table(&[bundle("zeta", "0/1", None)], &[]),
+            render_table(&[], &[bundle("zeta", "0/1", None)], &[]),
             render_workspace_table(&workspace_report("", &[bundle("zeta", "0/1", None)], &[]))
+        );
+    }
+
+    #[test]
+    fn helm_ops_come_first_with_their_chart_and_state() {
+        let mut web: HelmOp = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "HelmOp",
+            "metadata": {"name": "web", "namespace": "ws"},
+            "spec": {"helm": {"chart": "app", "repo": "http://c", "version": "0.2.0"}}
+        }))
+        .unwrap();
+        let mut site = web.clone();
+        site.metadata.name = Some("site".into());
+        site.spec.helm.version = None;
+        site.status = Some(tender_types::HelmOpStatus {
+            conditions: vec![cond(
+                "False",
+                "BundleConflict",
+                "a Bundle named site exists",
+            )],
+            ..Default::default()
+        });
+        web.status = Some(tender_types::HelmOpStatus {
+            conditions: vec![cond("True", "Ready", "")],
+            display: Some(BundleDisplay {
+                ready_clusters: "2/2".into(),
+                state: "Ready".into(),
+            }),
+            ..Default::default()
+        });
+        let text = render_table(&[web, site], &[bundle("web", "2/2", None)], &[]);
+        let lines: Vec<&str> = text.lines().take(4).collect();
+        assert_eq!(
+            lines,
+            [
+                "HELMOP   CHART   VERSION   CLUSTERS-READY   READY   REASON           MESSAGE",
+                "site     app                                False   BundleConflict   a Bundle named site exists",
+                "web      app     0.2.0     2/2              True    Ready",
+                "",
+            ]
+        );
+        assert!(text.contains("\nBUNDLE "), "{text}");
+        assert!(
+            !render_table(&[], &[], &[]).contains("HELMOP"),
+            "no HelmOps, no table"
         );
     }
 

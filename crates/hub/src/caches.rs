@@ -19,7 +19,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 use tender_types::copy::CopyableKind;
-use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, labels, names};
+use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp, labels, names};
 
 use crate::Error;
 use crate::context::{CarriedKind, Scope, Stores};
@@ -32,6 +32,7 @@ pub(crate) struct CacheEvents {
     pub bundles: Events<Bundle>,
     pub clusters: Events<Cluster>,
     pub groups: Events<ClusterGroup>,
+    pub helmops: Events<HelmOp>,
     pub bundle_deployments: Events<BundleDeployment>,
     pub copy_secrets: Events<PartialObjectMeta<Secret>>,
     pub copy_config_maps: Events<PartialObjectMeta<ConfigMap>>,
@@ -142,6 +143,7 @@ pub(crate) fn caches(
         scope.api::<ClusterGroup>(client),
         all.clone(),
     );
+    let (helmops, helmop_events) = reflect("helmops", scope.api::<HelmOp>(client), all.clone());
     let (bundle_deployments, bd_events) = reflect(
         "bundledeployments",
         Api::<BundleDeployment>::all(client.clone()),
@@ -206,6 +208,7 @@ pub(crate) fn caches(
         bundles,
         clusters,
         groups,
+        helmops,
         bundle_deployments,
         copy_secrets,
         copy_config_maps,
@@ -219,6 +222,7 @@ pub(crate) fn caches(
         bundles: bundle_events,
         clusters: cluster_events,
         groups: group_events,
+        helmops: helmop_events,
         bundle_deployments: bd_events,
         copy_secrets: copy_secret_events,
         copy_config_maps: copy_cm_events,
@@ -244,6 +248,7 @@ pub(crate) async fn synced(s: Stores) -> Result<(), Error> {
     wait!(s.bundles, "bundles");
     wait!(s.clusters, "clusters");
     wait!(s.groups, "clustergroups");
+    wait!(s.helmops, "helmops");
     wait!(s.bundle_deployments, "bundledeployments");
     wait!(s.copy_secrets, "copied secrets");
     wait!(s.copy_config_maps, "copied configmaps");

@@ -11,7 +11,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use tender_runtime::Metrics;
 use tender_runtime::executor::{Apply, EventOp, Executor, Fingerprint, ObjectKey, Op};
-use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, labels, names};
+use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp, labels, names};
 
 use crate::sources::{SourceId, SourceIndex};
 use crate::{HubConfig, HubMetrics};
@@ -71,6 +71,7 @@ pub(crate) struct Stores {
     pub bundles: Store<Bundle>,
     pub clusters: Store<Cluster>,
     pub groups: Store<ClusterGroup>,
+    pub helmops: Store<HelmOp>,
     pub bundle_deployments: Store<BundleDeployment>,
     pub copy_secrets: Store<PartialObjectMeta<Secret>>,
     pub copy_config_maps: Store<PartialObjectMeta<ConfigMap>>,

@@ -9,6 +9,7 @@
 //! - [`cluster`]: cluster namespace, agent identity and RBAC, cleanup on deletion, status.
 //! - [`group`]: ClusterGroup counts.
 //! - [`bundle`]: targeting, BundleDeployments, copies, Bundle status.
+//! - [`helmop`]: a HelmOp's Bundle (owned, derived from the HelmOp) and its status.
 //! - [`sources`]: the index from source Secrets/ConfigMaps to the Bundles that copy them.
 //! - [`push`]: push mode — the agent library run by the hub for Clusters with a kubeconfig
 //!   Secret, one task per cluster.
@@ -20,6 +21,7 @@ mod caches;
 pub mod cluster;
 mod context;
 pub mod group;
+pub mod helmop;
 pub mod push;
 pub mod sources;
 mod triggers;

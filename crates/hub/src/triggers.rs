@@ -1,9 +1,9 @@
 //! From cache events to reconcile requests: which change of which object wakes which
 //! reconciler, and the executor's memo entries each event retires.
 //!
-//! One feed per cache. The Bundle, Cluster and ClusterGroup feeds also hand every applied
-//! object to their controller's own trigger stream (`Controller::for_stream`), so each kind is
-//! watched exactly once per process.
+//! One feed per cache. The Bundle, Cluster, ClusterGroup and HelmOp feeds also hand every
+//! applied object to their controller's own trigger stream (`Controller::for_stream`), so each
+//! kind is watched exactly once per process.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -21,7 +21,7 @@ use kube::{Resource, ResourceExt};
 use tender_runtime::ObjectKey;
 use tender_types::conditions::{TYPE_AGENT_CONNECTED, TYPE_READY, is_true};
 use tender_types::copy::CopyableKind;
-use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, SourceKind, labels};
+use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp, SourceKind, labels};
 
 use crate::caches::{CacheEvents, Events};
 use crate::context::{Ctx, cluster_for_labels};
@@ -42,6 +42,10 @@ pub(crate) struct ControllerInputs {
     pub groups: UnboundedReceiver<Arc<ClusterGroup>>,
     /// ClusterGroups whose counts may have changed.
     pub group: UnboundedReceiver<ObjectRef<ClusterGroup>>,
+    /// Applied HelmOps.
+    pub helmops: UnboundedReceiver<Arc<HelmOp>>,
+    /// HelmOps whose Bundle changed.
+    pub helmop: UnboundedReceiver<ObjectRef<HelmOp>>,
 }
 
 #[derive(Clone)]
@@ -53,6 +57,8 @@ struct Triggers {
     cluster: UnboundedSender<ObjectRef<Cluster>>,
     groups: UnboundedSender<Arc<ClusterGroup>>,
     group: UnboundedSender<ObjectRef<ClusterGroup>>,
+    helmops: UnboundedSender<Arc<HelmOp>>,
+    helmop: UnboundedSender<ObjectRef<HelmOp>>,
 }
 
 // A closed channel means the controllers are stopping; nothing to do.
@@ -87,6 +93,8 @@ pub(crate) fn feeds(
     let (cluster_tx, cluster) = unbounded();
     let (groups_tx, groups) = unbounded();
     let (group_tx, group) = unbounded();
+    let (helmops_tx, helmops) = unbounded();
+    let (helmop_tx, helmop) = unbounded();
     let t = Triggers {
         bundles: bundles_tx,
         bundle: bundle_tx,
@@ -95,11 +103,14 @@ pub(crate) fn feeds(
         cluster: cluster_tx,
         groups: groups_tx,
         group: group_tx,
+        helmops: helmops_tx,
+        helmop: helmop_tx,
     };
     let mut feeds = vec![
         bundle_feed(ctx.clone(), t.clone(), events.bundles),
         cluster_feed(ctx.clone(), t.clone(), events.clusters),
         group_feed(ctx.clone(), t.clone(), events.groups),
+        helmop_feed(ctx.clone(), t.clone(), events.helmops),
         bundle_deployment_feed(ctx.clone(), t.clone(), events.bundle_deployments),
         metadata_feed(
             ctx.clone(),
@@ -148,6 +159,8 @@ pub(crate) fn feeds(
         cluster,
         groups,
         group,
+        helmops,
+        helmop,
     };
     (feeds, inputs)
 }
@@ -205,13 +218,31 @@ fn bundle_of(meta: &ObjectMeta) -> Option<ObjectRef<Bundle>> {
     Some(ObjectRef::new(name).within(labels.get(labels::BUNDLE_NAMESPACE)?))
 }
 
-/// Bundles: their own controller (status memo retired first).
+/// Bundles: their own controller (status memo retired first), and the HelmOp of the same
+/// name, if there is one (its Bundle's spec, status or deletion).
 fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<'static, ()> {
     drive(events, move |event| {
         if let Some((b, deleted)) = touched(event) {
             forget(&ctx, b);
             if !deleted {
                 let _ = t.bundles.unbounded_send(Arc::new(b.clone()));
+            }
+            let h =
+                ObjectRef::<HelmOp>::new(&b.name_any()).within(&b.namespace().unwrap_or_default());
+            if ctx.stores.helmops.get(&h).is_some() {
+                let _ = t.helmop.unbounded_send(h);
+            }
+        }
+    })
+}
+
+/// HelmOps: their own controller (status memo retired first).
+fn helmop_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<HelmOp>) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        if let Some((h, deleted)) = touched(event) {
+            forget(&ctx, h);
+            if !deleted {
+                let _ = t.helmops.unbounded_send(Arc::new(h.clone()));
             }
         }
     })

@@ -1,4 +1,4 @@
-//! Wiring of one hub process: per scope, the caches, the trigger feeds and the three
+//! Wiring of one hub process: per scope, the caches, the trigger feeds and the four
 //! controllers, which run only once every cache has synced.
 
 use std::sync::{Arc, Mutex};
@@ -15,7 +15,7 @@ use crate::caches::{caches, synced};
 use crate::context::{Ctx, Scope};
 use crate::sources::SourceIndex;
 use crate::triggers::{ControllerInputs, feeds};
-use crate::{Error, HubConfig, HubMetrics, bundle, cluster, group};
+use crate::{Error, HubConfig, HubMetrics, bundle, cluster, group, helmop};
 
 /// Builds caches and controllers for every configured scope and runs them.
 pub(crate) async fn run_controllers(
@@ -153,7 +153,7 @@ fn scope_controllers(
     (synced, run)
 }
 
-/// The three controllers, each driven by the shared cache of its kind (no watch of its own).
+/// The four controllers, each driven by the shared cache of its kind (no watch of its own).
 async fn run(
     ctx: Arc<Ctx>,
     inputs: ControllerInputs,
@@ -169,6 +169,8 @@ async fn run(
         cluster,
         groups,
         group,
+        helmops,
+        helmop,
     } = inputs;
     let s = ctx.stores.clone();
     let cluster_controller = Controller::for_shared_stream(clusters, s.clusters)
@@ -183,7 +185,16 @@ async fn run(
     let bundle_controller = Controller::for_shared_stream(bundles, s.bundles)
         .reconcile_all_on(all_bundles)
         .reconcile_on(bundle)
-        .run(bundle::reconcile, bundle::error_policy, ctx)
+        .run(bundle::reconcile, bundle::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    tokio::join!(cluster_controller, group_controller, bundle_controller);
+    let helmop_controller = Controller::for_shared_stream(helmops, s.helmops)
+        .reconcile_on(helmop)
+        .run(helmop::reconcile, helmop::error_policy, ctx)
+        .for_each(|_| futures::future::ready(()));
+    tokio::join!(
+        cluster_controller,
+        group_controller,
+        bundle_controller,
+        helmop_controller
+    );
 }

@@ -95,6 +95,8 @@ pub mod reason {
     pub const AGENT_CONNECTED: &str = "AgentConnected";
     /// Push mode: the hub reaches the cluster with its kubeconfig.
     pub const CLUSTER_CONNECTED: &str = "ClusterConnected";
+    /// HelmOp: a Bundle of the HelmOp's name exists that the HelmOp does not own; it is left alone.
+    pub const BUNDLE_CONFLICT: &str = "BundleConflict";
     /// Push mode: the kubeconfig was read and the first probe of the cluster is under way.
     pub const CONNECTING: &str = "Connecting";
     /// Push mode: the kubeconfig Secret (or its key) does not exist.

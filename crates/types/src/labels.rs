@@ -80,6 +80,12 @@ pub const CLUSTER_CLEANUP_FINALIZER: &str = "tender.dev/cluster-cleanup";
 /// references cannot cross namespaces).
 pub const BUNDLE_CLEANUP_FINALIZER: &str = "tender.dev/bundle-cleanup";
 
+/// Finalizer on HelmOps: the hub brings the HelmOp's last spec (`keepResources`) to its
+/// Bundle before deleting that Bundle.
+pub const HELMOP_CLEANUP_FINALIZER: &str = "tender.dev/helmop-cleanup";
+/// Label on a Bundle the hub writes for a HelmOp: the HelmOp's name.
+pub const HELMOP: &str = "tender.dev/helmop";
+
 /// Server-side apply field manager of the hub.
 pub const HUB_FIELD_MANAGER: &str = "tender-hub";
 /// Server-side apply field manager of the agent.

@@ -1,7 +1,7 @@
 //! tender's API types and the pure rules shared by hub, agent, CLI and tests.
 //!
 //! Nothing in this crate performs I/O: CRD types (`Cluster`, `ClusterGroup`, `Bundle`,
-//! `BundleDeployment`), the one home of every label, annotation, finalizer and name rule, content
+//! `BundleDeployment`, `HelmOp`), the one home of every label, annotation, finalizer and name rule, content
 //! hashing, target matching, namespace resolution, condition bookkeeping and the feature gate.
 
 pub mod bundle;
@@ -13,6 +13,7 @@ pub mod copy;
 pub mod gate;
 pub mod hash;
 pub mod helm;
+pub mod helmop;
 pub mod labels;
 pub mod names;
 pub mod namespaces;
@@ -35,6 +36,7 @@ pub use cluster::{
 };
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
 pub use helm::{HelmOptions, KeyRef, Values, ValuesFrom};
+pub use helmop::{HelmOp, HelmOpSpec, HelmOpStatus};
 pub use upstream::{UpstreamObjectStatus, UpstreamPublication, UpstreamResource, UpstreamState};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -71,7 +73,8 @@ mod tests {
                 "clusters.tender.dev",
                 "clustergroups.tender.dev",
                 "bundles.tender.dev",
-                "bundledeployments.tender.dev"
+                "bundledeployments.tender.dev",
+                "helmops.tender.dev"
             ]
         );
         for crd in &crds {

@@ -11,7 +11,7 @@ use kube::CustomResourceExt;
 use schemars::Schema;
 use serde_json::json;
 
-use crate::{Bundle, BundleDeployment, Cluster, ClusterGroup};
+use crate::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp};
 
 /// RFC 1123 DNS label (namespace names, label-safe object names).
 pub(crate) const DNS_LABEL_PATTERN: &str = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$";
@@ -44,6 +44,116 @@ pub(crate) fn forbid_namespace_property(schema: &mut Schema) {
         "message": "downstreamResources[].namespace is not allowed: sources must live in the Bundle's namespace"
     }]);
     schema.insert("x-kubernetes-validations".into(), rules);
+}
+
+/// When a field tender does not implement is refused.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Refuse {
+    /// Whenever it is set.
+    Present,
+    /// When it is `true` (`false` is what tender does anyway).
+    True,
+    /// When it is `false` (`true` is what tender does anyway).
+    False,
+}
+
+/// A field of another tool's API (Fleet's) that tender declares only to refuse it with a
+/// message, instead of letting structural pruning drop it silently.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Unsupported {
+    pub name: &'static str,
+    /// OpenAPI type: `string`, `integer`, `boolean`, `object`, `array` (of objects) or
+    /// `string-array`.
+    pub ty: &'static str,
+    pub refuse: Refuse,
+    /// Why tender does not need or offer it.
+    pub why: &'static str,
+}
+
+impl Unsupported {
+    /// Refused whenever set.
+    pub(crate) const fn present(name: &'static str, ty: &'static str, why: &'static str) -> Self {
+        Self {
+            name,
+            ty,
+            refuse: Refuse::Present,
+            why,
+        }
+    }
+
+    /// A boolean refused when `true`.
+    pub(crate) const fn when_true(name: &'static str, why: &'static str) -> Self {
+        Self {
+            name,
+            ty: "boolean",
+            refuse: Refuse::True,
+            why,
+        }
+    }
+
+    /// A boolean refused when `false`.
+    pub(crate) const fn when_false(name: &'static str, why: &'static str) -> Self {
+        Self {
+            name,
+            ty: "boolean",
+            refuse: Refuse::False,
+            why,
+        }
+    }
+}
+
+/// Declares each of `fields` on the object `schema` (at `path`, for messages) and adds a CEL
+/// rule per field refusing it with a message that names the field and says why.
+pub(crate) fn refuse_fields(schema: &mut Schema, path: &str, fields: &[Unsupported]) {
+    let mut rules = Vec::new();
+    if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        for f in fields {
+            let description = format!("Not supported by tender: {}.", f.why);
+            let decl = match f.ty {
+                "object" => {
+                    json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true, "description": description})
+                }
+                "array" => json!({
+                    "type": "array", "maxItems": 1000, "description": description,
+                    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}
+                }),
+                "string-array" => json!({
+                    "type": "array", "maxItems": 1000, "description": description,
+                    "items": {"type": "string", "maxLength": 4096}
+                }),
+                "string" => {
+                    json!({"type": "string", "maxLength": 1024, "description": description})
+                }
+                ty => json!({"type": ty, "description": description}),
+            };
+            props.insert(f.name.to_string(), decl);
+            let name = f.name;
+            let (rule, value) = match f.refuse {
+                Refuse::Present => (format!("!has(self.{name})"), String::new()),
+                Refuse::True => (
+                    format!("!has(self.{name}) || !self.{name}"),
+                    ": true".to_string(),
+                ),
+                Refuse::False => (
+                    format!("!has(self.{name}) || self.{name}"),
+                    ": false".to_string(),
+                ),
+            };
+            rules.push(json!({
+                "rule": rule,
+                "message": format!("{path}.{name}{value} is not supported by tender: {} (see docs/migrating-from-fleet.md)", f.why)
+            }));
+        }
+    }
+    let existing = schema
+        .get_mut("x-kubernetes-validations")
+        .and_then(|v| v.as_array_mut());
+    match existing {
+        Some(list) => list.extend(rules),
+        None => {
+            schema.insert("x-kubernetes-validations".into(), json!(rules));
+        }
+    }
 }
 
 /// Marks a list as a map keyed on `type` (conditions), so server-side apply merges per type.
@@ -97,5 +207,8 @@ pub(crate) fn crds() -> Vec<CustomResourceDefinition> {
     let mut bundle = Bundle::crd();
     add_root_rule(&mut bundle, dns_label_name_rule("Bundle"));
     let bundle_deployment = BundleDeployment::crd();
-    vec![cluster, group, bundle, bundle_deployment]
+    // A HelmOp's Bundle has the HelmOp's name.
+    let mut helmop = HelmOp::crd();
+    add_root_rule(&mut helmop, dns_label_name_rule("HelmOp"));
+    vec![cluster, group, bundle, bundle_deployment, helmop]
 }

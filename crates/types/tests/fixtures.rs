@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
-use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup};
+use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp};
 
 fn fixtures(kind: &str) -> Vec<(PathBuf, String)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -43,6 +43,7 @@ fn valid_fixtures_deserialize_into_the_types() {
             "ClusterGroup" => parses::<ClusterGroup>(&path, &text),
             "Bundle" => parses::<Bundle>(&path, &text),
             "BundleDeployment" => parses::<BundleDeployment>(&path, &text),
+            "HelmOp" => parses::<HelmOp>(&path, &text),
             other => panic!("{}: unexpected kind {other}", path.display()),
         }
     }
@@ -69,7 +70,7 @@ fn invalid_fixtures_each_state_one_expected_error() {
         );
         assert!(!expects[0].trim().is_empty(), "{}", path.display());
         assert!(
-            ["Cluster", "ClusterGroup", "Bundle"].contains(&kind_of(&text).as_str()),
+            ["Cluster", "ClusterGroup", "Bundle", "HelmOp"].contains(&kind_of(&text).as_str()),
             "{}",
             path.display()
         );

@@ -5,6 +5,9 @@
 //! /metrics servers), registers the clusters the way `tender cluster add` does, applies
 //! `examples/sources.yaml` and `examples/bundle.yaml`, shows the Secret and ConfigMap arriving
 //! downstream before the manifests, rotates the Secret on the hub and times its arrival.
+//! Then the Helm step: a local chart repository, `examples/helmop.yaml` (a Fleet-shaped HelmOp
+//! whose values come from a copied Secret), the rendered ConfigMap on each cluster, and a
+//! rotation of the values Secret re-rendering the chart everywhere.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,13 +24,15 @@ use kube::discovery::{Discovery, Scope};
 use kube::{Resource, ResourceExt};
 use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
 use tender_runtime::{Health, Metrics};
-use tender_types::{Bundle, Cluster, hash, labels};
+use tender_types::{Bundle, Cluster, HelmOp, hash, labels};
 
 const WORKSPACE: &str = "tender-default";
 const CLUSTERS: [(&str, usize); 2] = [("east", 1), ("west", 2)];
 
 #[derive(Parser)]
-#[command(about = "tender on a real local hub + 2 downstream clusters: copy, deploy, rotate")]
+#[command(
+    about = "tender on a real local hub + 2 downstream clusters: copy, deploy, rotate, and a Helm chart fed by a copied Secret"
+)]
 struct Args {
     /// Keep everything running after the demo (until Ctrl-C) to poke at it with kubectl.
     #[arg(long)]
@@ -74,6 +79,17 @@ async fn main() -> Result<()> {
     }
     let hub = env.client(HUB).await?;
 
+    step(
+        "Building the pinned Helm CLI for the agents (first run only: a few minutes, from its Go module; cached in ~/.cache/tender)",
+    );
+    let started = Instant::now();
+    let helm = tender_e2e::ensure_helm()?;
+    println!(
+        "    {} ({:.1}s)",
+        helm.display(),
+        started.elapsed().as_secs_f64()
+    );
+
     step("Installing the tender CRDs on the hub and creating workspace tender-default");
     install_crds(&hub).await?;
     apply_yaml(
@@ -104,7 +120,17 @@ async fn main() -> Result<()> {
         )
         .await?;
         let addr = SocketAddr::from(([127, 0, 0, 1], args.metrics_port + 1 + i as u16));
-        tasks.push(start_agent(&env, &reg.hub_kubeconfig, &downstream_name(*n), name, addr).await?);
+        tasks.push(
+            start_agent(
+                &env,
+                &reg.hub_kubeconfig,
+                &downstream_name(*n),
+                name,
+                addr,
+                &helm,
+            )
+            .await?,
+        );
         println!(
             "    {name}: hub namespace {}, agent on {}, metrics http://{addr}/metrics",
             reg.cluster_namespace,
@@ -191,17 +217,24 @@ async fn main() -> Result<()> {
         );
     }
 
+    // Kept until the end: `--keep-running` leaves the chart repository serving.
+    let _chart_repo = helm_step(&env, &hub).await?;
+
     step("Status on the hub (`tender status -n tender-default`)");
-    wait_bundle_ready(&hub).await?;
+    wait_bundle_ready(&hub, "registry-creds").await?;
+    wait_bundle_ready(&hub, "web").await?;
     let bundles = Api::<Bundle>::namespaced(hub.clone(), WORKSPACE)
         .list(&Default::default())
         .await?;
     let clusters = Api::<Cluster>::namespaced(hub.clone(), WORKSPACE)
         .list(&Default::default())
         .await?;
+    let helm_ops = Api::<HelmOp>::namespaced(hub.clone(), WORKSPACE)
+        .list(&Default::default())
+        .await?;
     print!(
         "{}",
-        tender_cli::status::render_table(&bundles.items, &clusters.items)
+        tender_cli::status::render_table(&helm_ops.items, &bundles.items, &clusters.items)
     );
 
     if args.keep_running {
@@ -212,6 +245,10 @@ async fn main() -> Result<()> {
         );
         println!(
             "    kubectl --kubeconfig {} -n apps get secret,configmap,serviceaccount",
+            env.cluster(&downstream_name(1)).kubeconfig.display()
+        );
+        println!(
+            "    kubectl --kubeconfig {} -n web get configmap web-config -o yaml",
             env.cluster(&downstream_name(1)).kubeconfig.display()
         );
         tokio::signal::ctrl_c().await?;
@@ -268,6 +305,7 @@ async fn start_agent(
     downstream: &str,
     cluster: &str,
     addr: SocketAddr,
+    helm: &Path,
 ) -> Result<tokio::task::JoinHandle<()>> {
     let metrics = tender_agent::AgentMetrics::register(Metrics::new());
     let hub = tender_runtime::client::client_from_config(
@@ -282,7 +320,8 @@ async fn start_agent(
     )?;
     let health = Health::new();
     let server = tender_runtime::serve(addr, metrics.shared(), health.clone());
-    let config = tender_agent::AgentConfig::new(WORKSPACE, cluster);
+    let mut config = tender_agent::AgentConfig::new(WORKSPACE, cluster);
+    config.helm_path = helm.to_path_buf();
     Ok(tokio::spawn(async move {
         let run = tender_agent::run(hub, down, config, metrics, health, std::future::pending());
         tokio::select! {
@@ -375,11 +414,11 @@ async fn wait_secret_data(
     }
 }
 
-async fn wait_bundle_ready(hub: &kube::Client) -> Result<()> {
+async fn wait_bundle_ready(hub: &kube::Client, name: &str) -> Result<()> {
     let api: Api<Bundle> = Api::namespaced(hub.clone(), WORKSPACE);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let b = api.get("registry-creds").await?;
+        let b = api.get(name).await?;
         let ready = b
             .status
             .as_ref()
@@ -394,5 +433,70 @@ async fn wait_bundle_ready(hub: &kube::Client) -> Result<()> {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Credentials of the demo's chart repository (the ones in `examples/helmop.yaml`).
+const CHART_USER: &str = "demo";
+const CHART_PASSWORD: &str = "demo-chart-password";
+/// The repository URL written in `examples/helmop.yaml`, replaced by the local one.
+const EXAMPLE_REPO: &str = "https://charts.example.com";
+
+/// The Helm step: a chart repository on loopback (basic auth), `examples/helmop.yaml` applied
+/// with its URL, the rendered ConfigMap on each cluster, then a rotation of the values Secret.
+async fn helm_step(env: &TestEnv, hub: &kube::Client) -> Result<tender_e2e::charts::ChartRepo> {
+    step(
+        "Helm: serving chart `app` from a local chart repository (basic auth) and applying examples/helmop.yaml, a Fleet-shaped HelmOp whose values come from a copied Secret",
+    );
+    let repo = tender_e2e::charts::ChartRepo::start(&["0.1.0"], CHART_USER, CHART_PASSWORD).await?;
+    println!("    chart repository: {}/index.yaml", repo.url);
+    let yaml = std::fs::read_to_string(repo_file("examples/helmop.yaml"))?
+        .replace(EXAMPLE_REPO, &repo.url);
+    let applied = Instant::now();
+    apply_yaml(hub, &yaml).await?;
+    for (name, n) in CLUSTERS {
+        let down = env.client(&downstream_name(n)).await?;
+        let greeting = wait_greeting(&down, |g| g == "hello from the hub").await?;
+        println!(
+            "    helm values arrived at {name} ({}) after {:.1}s: ConfigMap web/web-config rendered by the agent, greeting={greeting:?}",
+            downstream_name(n),
+            applied.elapsed().as_secs_f64()
+        );
+    }
+
+    step("Rotating the values Secret web-values on the hub (nobody touches the HelmOp)");
+    let rotated = Instant::now();
+    let patch = serde_json::json!({"stringData": {"values.yaml": "greeting: hello again\n"}});
+    Api::<Secret>::namespaced(hub.clone(), WORKSPACE)
+        .patch("web-values", &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    for (name, n) in CLUSTERS {
+        let down = env.client(&downstream_name(n)).await?;
+        let greeting = wait_greeting(&down, |g| g == "hello again").await?;
+        println!(
+            "    helm rotation arrived at {name} in {} ms: chart re-rendered, greeting={greeting:?}",
+            rotated.elapsed().as_millis()
+        );
+    }
+    Ok(repo)
+}
+
+/// Waits for ConfigMap web/web-config downstream to carry a greeting `ok` accepts.
+async fn wait_greeting(down: &kube::Client, ok: impl Fn(&str) -> bool) -> Result<String> {
+    let api: Api<ConfigMap> = Api::namespaced(down.clone(), "web");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let greeting = api
+            .get_opt("web-config")
+            .await?
+            .and_then(|c| c.data)
+            .and_then(|d| d.get("greeting").cloned());
+        if let Some(g) = greeting.filter(|g| ok(g)) {
+            return Ok(g);
+        }
+        if Instant::now() > deadline {
+            bail!("ConfigMap web/web-config did not get the expected greeting downstream");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -1,0 +1,506 @@
+//! `HelmOp`: a Helm chart for many clusters in the shape of Fleet's `HelmOp`, for people who
+//! come from Fleet. The hub turns each one into a Bundle it owns ([`HelmOpSpec::bundle_spec`])
+//! and reports that Bundle's status back on the HelmOp.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+use crate::bundle::{BundleDisplay, BundleSpec, BundleSummary, BundleTarget, CorrectDrift};
+use crate::helm::HelmOptions;
+use crate::schema::{
+    DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, Unsupported, conditions_list_map, kind_name_list_map,
+    refuse_fields,
+};
+use crate::{DownstreamResource, SourceKind};
+
+/// A Helm chart deployed to every targeted cluster, written like Fleet's HelmOp.
+// Printer columns repeat `type_ = ...` by design.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "tender.dev",
+    version = "v1alpha1",
+    kind = "HelmOp",
+    namespaced,
+    status = "HelmOpStatus",
+    shortname = "thelmop",
+    category = "tender",
+    doc = "HelmOp deploys a Helm chart to the clusters it targets, with Fleet's HelmOp field names. The hub writes a Bundle of the same name, owned by the HelmOp, and reports its status here.",
+    printcolumn(
+        name = "Chart",
+        type_ = "string",
+        json_path = ".spec.helm.chart",
+        description = "Chart name or oci:// reference"
+    ),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".spec.helm.version",
+        description = "Requested chart version or range"
+    ),
+    printcolumn(
+        name = "Clusters-Ready",
+        type_ = "string",
+        json_path = ".status.display.readyClusters",
+        description = "Ready clusters out of targeted clusters"
+    ),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.display.state",
+        description = "Summary state of the HelmOp"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[schemars(transform = fleet_only_spec_fields)]
+#[schemars(extend("x-kubernetes-validations" = [
+    {
+        "rule": "!(has(self.namespace) && has(self.targetNamespace))",
+        "message": "spec.namespace (Fleet's name) and spec.targetNamespace mean the same thing: set one of them"
+    },
+    {
+        "rule": "!(has(self.helmSecretName) && has(self.helm.helmSecretName))",
+        "message": "set spec.helmSecretName (a Secret in this namespace, copied downstream for you) or spec.helm.helmSecretName (a Secret already downstream), not both"
+    }
+]))]
+pub struct HelmOpSpec {
+    /// The chart: name and repository (or oci:// reference), version, release name, values and valuesFrom. valuesFrom is read on the downstream cluster, so it normally names copies from downstreamResources. See docs/helm.md.
+    pub helm: HelmOptions,
+
+    /// A Secret in this HelmOp's namespace with `username` and `password` for the chart repository. tender copies it to every targeted cluster (it is added to downstreamResources) and the agent authenticates with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub helm_secret_name: Option<String>,
+
+    /// Labels set on the Bundle the hub writes for this HelmOp.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "bundle_labels_schema")]
+    pub labels: BTreeMap<String, String>,
+
+    /// Which clusters receive the chart. Each cluster is matched by the first target that selects it. Unlike Fleet, a target sets exactly one of clusterName, clusterSelector, clusterGroup or clusterGroupSelector.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 100), transform = fleet_only_target_fields)]
+    pub targets: Vec<BundleTarget>,
+
+    /// Namespace for rendered objects that do not set one (the release namespace when namespace is unset). Defaults to `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub default_namespace: Option<String>,
+
+    /// Fleet's name for the target namespace: every namespaced object and the copies go here, and it is the release namespace. Same as targetNamespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub namespace: Option<String>,
+
+    /// tender's name for `namespace` (as on a Bundle); set one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub target_namespace: Option<String>,
+
+    /// Secrets and ConfigMaps in this HelmOp's namespace copied to every targeted cluster before the chart is deployed there (values for valuesFrom, credentials). Needs the EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM feature gate on hub and agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), transform = kind_name_list_map)]
+    pub downstream_resources: Vec<DownstreamResource>,
+
+    /// Leave the deployed objects and copies in place (without tender's labels) when a cluster is no longer targeted or the HelmOp is deleted.
+    #[serde(default)]
+    pub keep_resources: bool,
+
+    /// Drift correction for deployed objects; absent means enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = fleet_only_correct_drift_fields)]
+    pub correct_drift: Option<CorrectDrift>,
+
+    /// Stop rolling out changes; what is already deployed stays.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+impl HelmOpSpec {
+    /// The spec of the Bundle the hub writes for this HelmOp: the same targets, namespaces,
+    /// copies and options, the chart, and `helmSecretName` added to the copies (Fleet reads it
+    /// on the hub; tender's agent reads it downstream, from its copy).
+    pub fn bundle_spec(&self) -> BundleSpec {
+        let mut helm = self.helm.clone();
+        let mut copies = self.downstream_resources.clone();
+        let mut targets = self.targets.clone();
+        if let Some(secret) = &self.helm_secret_name {
+            helm.helm_secret_name = Some(secret.clone());
+            add_secret(&mut copies, secret);
+            // A per-target list replaces the HelmOp's, so it needs the credentials too.
+            for t in &mut targets {
+                if let Some(list) = &mut t.downstream_resources {
+                    add_secret(list, secret);
+                }
+            }
+        }
+        BundleSpec {
+            targets,
+            default_namespace: self.default_namespace.clone(),
+            target_namespace: self
+                .namespace
+                .clone()
+                .or_else(|| self.target_namespace.clone()),
+            downstream_resources: copies,
+            helm: Some(helm),
+            keep_resources: self.keep_resources,
+            correct_drift: self.correct_drift.clone(),
+            paused: self.paused,
+            ..BundleSpec::default()
+        }
+    }
+}
+
+fn add_secret(list: &mut Vec<DownstreamResource>, name: &str) {
+    if !list
+        .iter()
+        .any(|r| r.source_kind() == Some(SourceKind::Secret) && r.name == name)
+    {
+        list.push(DownstreamResource {
+            api_version: None,
+            kind: SourceKind::Secret.as_str().to_string(),
+            name: name.to_string(),
+        });
+    }
+}
+
+/// Observed state of a HelmOp: its Bundle's status, for this HelmOp's generation.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HelmOpStatus {
+    /// metadata.generation of the HelmOp this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// The Bundle's conditions (`Ready`, `ResourcesCopied`, …), or `Ready=False` with reason BundleConflict when a Bundle of the same name exists that this HelmOp does not own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = conditions_list_map)]
+    pub conditions: Vec<Condition>,
+
+    /// Counts of the Bundle's BundleDeployments by state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<BundleSummary>,
+
+    /// Short strings for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub display: Option<BundleDisplay>,
+}
+
+/// Label keys and values as the apiserver accepts them on the Bundle (checked at admission,
+/// so a bad label is refused on the HelmOp rather than failing every write of its Bundle).
+fn bundle_labels_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": 32,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": 63,
+            "pattern": "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+        },
+        "x-kubernetes-validations": [{
+            "rule": "self.all(k, k.size() <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && !k.startsWith('tender.dev/'))",
+            "message": "spec.labels keys must be label keys ([prefix/]name, name at most 63 characters) and not use tender.dev/"
+        }]
+    })
+}
+
+const RELEASE: &str =
+    "tender renders with helm template and applies the objects itself; there is no Helm release";
+
+/// Fleet's HelmOp fields tender does not implement, refused at admission with the reason.
+/// Structural pruning would otherwise drop them silently.
+const FLEET_ONLY_SPEC: &[Unsupported] = &[
+    Unsupported::present(
+        "pollingInterval",
+        "string",
+        "the agent resolves helm.version when it renders; tender does not poll the repository",
+    ),
+    Unsupported::when_true(
+        "insecureSkipTLSVerify",
+        "TLS to the chart repository is always verified",
+    ),
+    Unsupported::present(
+        "rolloutStrategy",
+        "object",
+        "every targeted cluster gets the change at once",
+    ),
+    Unsupported::present(
+        "dependsOn",
+        "array",
+        "tender has no dependencies between Bundles",
+    ),
+    Unsupported::present(
+        "targetCustomizationMode",
+        "string",
+        "the first matching target always wins",
+    ),
+    Unsupported::present(
+        "serviceAccount",
+        "string",
+        "the agent deploys with its own identity",
+    ),
+    Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
+    Unsupported::present(
+        "forceSyncGeneration",
+        "integer",
+        "not needed: any change of spec or of a copied source redeploys",
+    ),
+    Unsupported::present(
+        "diff",
+        "object",
+        "drift is judged on the fields tender sets",
+    ),
+    Unsupported::present("ignore", "object", "conditions cannot be ignored"),
+    Unsupported::when_true(
+        "deleteNamespace",
+        "namespaces the agent creates are never deleted",
+    ),
+    Unsupported::when_true(
+        "deleteCRDResources",
+        "CRDs are deleted like any other object unless keepResources",
+    ),
+    Unsupported::present(
+        "namespaceLabels",
+        "object",
+        "the agent does not label the namespaces it creates",
+    ),
+    Unsupported::present(
+        "namespaceAnnotations",
+        "object",
+        "the agent does not annotate the namespaces it creates",
+    ),
+    Unsupported::present("yaml", "object", "GitOps-only"),
+    Unsupported::present("kustomize", "object", "GitOps-only"),
+    Unsupported::present("resources", "array", "inline manifests go in a Bundle"),
+];
+
+/// Fleet's `helm` options that describe a Helm release, refused with the reason.
+const FLEET_ONLY_HELM: &[Unsupported] = &[
+    Unsupported::present("templateValues", "object", "values are never templated"),
+    Unsupported::present(
+        "valuesFiles",
+        "string-array",
+        "GitOps-only: use values or valuesFrom",
+    ),
+    Unsupported::when_true("force", RELEASE),
+    Unsupported::when_true("atomic", RELEASE),
+    Unsupported::when_true("waitForJobs", RELEASE),
+    Unsupported::present("maxHistory", "integer", RELEASE),
+    Unsupported::when_false(
+        "disablePreProcess",
+        "values are never pre-processed as templates (as if true)",
+    ),
+    Unsupported::when_false("disableDNS", "templates never resolve DNS (as if true)"),
+    Unsupported::when_true(
+        "skipSchemaValidation",
+        "values are always checked against the chart's values.schema.json",
+    ),
+];
+
+/// Fleet's per-target options tender does not implement.
+const FLEET_ONLY_TARGET: &[Unsupported] = &[
+    Unsupported::present(
+        "namespace",
+        "string",
+        "tender's per-target name is targetNamespace",
+    ),
+    Unsupported::present(
+        "helm",
+        "object",
+        "the chart and its values are the same for every target",
+    ),
+    Unsupported::when_true(
+        "doNotDeploy",
+        "a target always deploys to the clusters it matches",
+    ),
+    Unsupported::present(
+        "namespaceLabels",
+        "object",
+        "the agent does not label the namespaces it creates",
+    ),
+    Unsupported::present(
+        "namespaceAnnotations",
+        "object",
+        "the agent does not annotate the namespaces it creates",
+    ),
+    Unsupported::present(
+        "serviceAccount",
+        "string",
+        "the agent deploys with its own identity",
+    ),
+    Unsupported::present(
+        "correctDrift",
+        "object",
+        "set correctDrift for the whole HelmOp",
+    ),
+    Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
+    Unsupported::present(
+        "forceSyncGeneration",
+        "integer",
+        "not needed: any change of spec or of a copied source redeploys",
+    ),
+    Unsupported::when_true(
+        "deleteNamespace",
+        "namespaces the agent creates are never deleted",
+    ),
+    Unsupported::when_true(
+        "deleteCRDResources",
+        "CRDs are deleted like any other object unless keepResources",
+    ),
+    Unsupported::present(
+        "diff",
+        "object",
+        "drift is judged on the fields tender sets",
+    ),
+    Unsupported::present("ignore", "object", "conditions cannot be ignored"),
+    Unsupported::present("yaml", "object", "GitOps-only"),
+    Unsupported::present("kustomize", "object", "GitOps-only"),
+];
+
+/// Fleet's drift options that describe Helm rollbacks.
+const FLEET_ONLY_CORRECT_DRIFT: &[Unsupported] = &[
+    Unsupported::when_true(
+        "force",
+        "drift is corrected by applying the object again, never by a Helm rollback",
+    ),
+    Unsupported::when_true("keepFailHistory", RELEASE),
+];
+
+fn fleet_only_spec_fields(schema: &mut Schema) {
+    refuse_fields(schema, "spec", FLEET_ONLY_SPEC);
+    if let Some(helm) = schema.get_mut("properties").and_then(|p| p.get_mut("helm")) {
+        let mut s = Schema::try_from(helm.take()).expect("helm is an object schema");
+        refuse_fields(&mut s, "spec.helm", FLEET_ONLY_HELM);
+        *helm = s.to_value();
+    }
+}
+
+fn fleet_only_target_fields(schema: &mut Schema) {
+    if let Some(items) = schema.get_mut("items") {
+        let mut s = Schema::try_from(items.take()).expect("targets[] is an object schema");
+        refuse_fields(&mut s, "spec.targets[]", FLEET_ONLY_TARGET);
+        *items = s.to_value();
+    }
+}
+
+fn fleet_only_correct_drift_fields(schema: &mut Schema) {
+    refuse_fields(schema, "spec.correctDrift", FLEET_ONLY_CORRECT_DRIFT);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn spec(v: serde_json::Value) -> HelmOpSpec {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn the_bundle_carries_the_chart_targets_and_options() {
+        let h = spec(json!({
+            "helm": {"chart": "app", "repo": "https://charts.example.com", "version": "^1",
+                     "valuesFrom": [{"secretKeyRef": {"name": "vals"}}]},
+            "targets": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}],
+            "defaultNamespace": "apps",
+            "namespace": "web",
+            "downstreamResources": [{"kind": "Secret", "name": "vals"}],
+            "keepResources": true,
+            "correctDrift": {"enabled": false},
+            "paused": true
+        }));
+        let b = h.bundle_spec();
+        assert_eq!(b.targets, h.targets);
+        assert_eq!(b.default_namespace.as_deref(), Some("apps"));
+        assert_eq!(
+            b.target_namespace.as_deref(),
+            Some("web"),
+            "Fleet's namespace"
+        );
+        assert_eq!(b.downstream_resources, h.downstream_resources);
+        assert_eq!(b.helm.as_ref(), Some(&h.helm));
+        assert!(b.keep_resources && b.paused && !b.correct_drift_enabled());
+        assert!(b.resources.is_empty() && !b.take_ownership);
+
+        let t =
+            spec(json!({"helm": {"chart": "app", "repo": "https://c"}, "targetNamespace": "x"}));
+        assert_eq!(t.bundle_spec().target_namespace.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn helm_secret_name_is_copied_for_the_agent() {
+        let h = spec(json!({
+            "helm": {"chart": "app", "repo": "https://c"},
+            "helmSecretName": "repo-auth",
+            "downstreamResources": [{"kind": "ConfigMap", "name": "repo-auth"}],
+            "targets": [
+                {"clusterName": "a", "downstreamResources": [{"kind": "Secret", "name": "repo-auth"}]},
+                {"clusterName": "b", "downstreamResources": []},
+                {"clusterName": "c"}
+            ]
+        }));
+        let b = h.bundle_spec();
+        let names = |l: &[DownstreamResource]| {
+            l.iter()
+                .map(|r| format!("{}/{}", r.kind, r.name))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            b.helm.unwrap().helm_secret_name.as_deref(),
+            Some("repo-auth")
+        );
+        assert_eq!(
+            names(&b.downstream_resources),
+            ["ConfigMap/repo-auth", "Secret/repo-auth"]
+        );
+        assert_eq!(
+            names(b.targets[0].downstream_resources.as_ref().unwrap()),
+            ["Secret/repo-auth"],
+            "listed once"
+        );
+        assert_eq!(
+            names(b.targets[1].downstream_resources.as_ref().unwrap()),
+            ["Secret/repo-auth"]
+        );
+        assert!(b.targets[2].downstream_resources.is_none());
+    }
+
+    #[test]
+    fn fleet_only_fields_are_declared_and_refused() {
+        let crd = serde_json::to_value(HelmOp::crd_for_tests()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let text = spec.to_string();
+        for needle in [
+            "spec.pollingInterval is not supported by tender",
+            "spec.helm.atomic: true is not supported by tender",
+            "spec.targets[].doNotDeploy: true is not supported by tender",
+            "spec.correctDrift.force: true is not supported by tender",
+            "exactly one of clusterName",
+        ] {
+            assert!(text.contains(needle), "{needle}");
+        }
+        assert_eq!(
+            spec["properties"]["pollingInterval"]["type"],
+            json!("string")
+        );
+        assert_eq!(
+            spec["properties"]["helm"]["properties"]["valuesFiles"]["type"],
+            json!("array")
+        );
+    }
+
+    impl HelmOp {
+        fn crd_for_tests() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition{
+            <HelmOp as kube::CustomResourceExt>::crd()
+        }
+    }
+}
