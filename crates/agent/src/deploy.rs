@@ -87,27 +87,39 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     let chart_from = manifests.len();
     if let Some(helm) = &spec.helm {
         let release = helm.release_name_or(&name);
-        match ctx
-            .charts
-            .render(&ctx.down, &name, helm, &copies_ns, &copies)
-            .await
-        {
-            Ok(objects) => {
-                for m in &objects {
-                    manifests.extend(
-                        plan_manifest(ctx, m, opts, manifest_namespaces.as_ref(), &owner).await,
-                    );
+        let sources = crate::helm::needed_sources(helm, &copies_ns);
+        let rendered = match crate::helm::pending_copy(&copies, &sources) {
+            // A copy the chart reads is on its way: wait for it (Missing), not a failure.
+            Some(waiting) => Err(status::object(
+                &crate::helm::chart_key(helm, release, &copies_ns),
+                ObjectState::Missing,
+                Some(format!("waiting for {} to be copied", waiting.describe())),
+            )),
+            None => Ok(ctx
+                .charts
+                .render(&ctx.down, &name, helm, &copies_ns, &copies)
+                .await),
+        };
+        match rendered {
+            Err(waiting) => manifests.push(Err(waiting)),
+            Ok(r) => match r {
+                Ok(objects) => {
+                    for m in &objects {
+                        manifests.extend(
+                            plan_manifest(ctx, m, opts, manifest_namespaces.as_ref(), &owner).await,
+                        );
+                    }
                 }
-            }
-            Err(failure) => {
-                tracing::warn!(bundle_deployment = %name, reason = failure.reason, "chart not rendered");
-                let key = crate::helm::chart_key(helm, release, &copies_ns);
-                manifests.push(Err(status::object(
-                    &key,
-                    ObjectState::Error,
-                    Some(failure.to_string()),
-                )));
-            }
+                Err(failure) => {
+                    tracing::warn!(bundle_deployment = %name, reason = failure.reason, "chart not rendered");
+                    let key = crate::helm::chart_key(helm, release, &copies_ns);
+                    manifests.push(Err(status::object(
+                        &key,
+                        ObjectState::Error,
+                        Some(failure.to_string()),
+                    )));
+                }
+            },
         }
     }
     // The owner's policy: a refused object is reported and left alone (not applied, and kept

@@ -17,6 +17,7 @@ pub use oci::{
     parse_reference, select_tag, version_tag,
 };
 pub use render::{parse_rendered, redact, render_args};
+pub(crate) use values::pending_copy;
 pub use values::{ObjectData, ValueSource, merge_sources, needed_sources};
 
 use std::collections::HashMap;

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use tender_types::conditions::reason;
 use tender_types::copy::secret_data;
 use tender_types::helm::merge_values;
-use tender_types::{HelmOptions, KeyRef};
+use tender_types::{HelmOptions, KeyRef, ObjectState};
 
 use super::ChartFailure;
 use super::oci::{docker_config_credentials, parse_reference};
@@ -136,6 +136,27 @@ pub(crate) fn from_planned(copies: &[Planned], source: &ValueSource) -> Option<O
             && d.key.name == source.name
             && d.key.namespace.as_deref() == Some(source.namespace.as_str()))
         .then(|| ObjectData::from_body(&d.body, source.secret))
+    })
+}
+
+/// The first source `helm` reads that is one of this deployment's copies still on its way
+/// (its planned entry is `Missing`: the hub's copy is absent or behind). Rendering then waits
+/// for the copy instead of failing with `ValuesFromMissing`, which would only be true for a
+/// moment after a Bundle is created or a source renamed.
+pub(crate) fn pending_copy<'a>(
+    copies: &[Planned],
+    sources: &'a [ValueSource],
+) -> Option<&'a ValueSource> {
+    sources.iter().find(|source| {
+        let kind = if source.secret { "Secret" } else { "ConfigMap" };
+        copies.iter().any(|p| {
+            p.as_ref().err().is_some_and(|s| {
+                s.state == ObjectState::Missing
+                    && s.kind == kind
+                    && s.name == source.name
+                    && s.namespace.as_deref() == Some(source.namespace.as_str())
+            })
+        })
     })
 }
 
@@ -428,5 +449,30 @@ mod tests {
     fn object_data_debug_shows_keys_only() {
         let d = data(&[("password", "hunter2")]).unwrap();
         assert_eq!(format!("{d:?}"), "[\"password\"]");
+    }
+
+    #[test]
+    fn a_source_whose_copy_is_on_its_way_is_pending_not_missing() {
+        let status = |kind: &str, name: &str, state| {
+            tender_types::ObjectStatus {
+                api_version: "v1".into(),
+                kind: kind.into(),
+                namespace: Some("apps".into()),
+                name: name.into(),
+                state,
+                message: None,
+            }
+        };
+        let sources = needed_sources(&helm(), "apps");
+        let first = sources.first().expect("helm() reads sources").clone();
+        let kind = if first.secret { "Secret" } else { "ConfigMap" };
+        let copies: Vec<Planned> = vec![Err(status(kind, &first.name, ObjectState::Missing))];
+        assert_eq!(pending_copy(&copies, &sources), Some(&first));
+        // A copy that failed for good, or one of another name, is not waited for.
+        let failed: Vec<Planned> = vec![Err(status(kind, &first.name, ObjectState::Error))];
+        assert_eq!(pending_copy(&failed, &sources), None);
+        let other: Vec<Planned> = vec![Err(status(kind, "unrelated", ObjectState::Missing))];
+        assert_eq!(pending_copy(&other, &sources), None);
+        assert_eq!(pending_copy(&[], &sources), None);
     }
 }
