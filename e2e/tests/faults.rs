@@ -1043,7 +1043,13 @@ async fn an_agent_whose_access_is_revoked_mid_watch_deletes_nothing_and_resumes(
         .delete(names::AGENT_ROLE, &DeleteParams::default())
         .await
         .unwrap();
+    let open = proxy.cut_connections();
     proxy.cut();
+    eventually("the agent's hub connections closed", CONVERGE, || {
+        let closed = proxy.cut_connections() > open;
+        async move { Ok::<_, std::convert::Infallible>(closed.then_some(())) }
+    })
+    .await;
     proxy.restore();
     // A rotation waits on the hub; the agent cannot see it.
     ws.source_secret("db-creds", &[("password", "v2")]).await;
@@ -1482,8 +1488,8 @@ async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
     // --push-probe-seconds (push.probeSeconds=1): B sees its push cluster go away well within
     // the default 30 s interval.
     let apiserver = format!("{}/kube-apiserver", downstream_name(1));
-    env.0.stop_component(&apiserver);
     let stopped = Instant::now();
+    env.0.stop_component(&apiserver);
     wait_reason(
         "B's push Cluster",
         "ClusterConnected",
