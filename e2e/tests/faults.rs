@@ -1096,7 +1096,7 @@ async fn an_agent_whose_access_is_revoked_mid_watch_deletes_nothing_and_resumes(
         .create(&PostParams::default(), &binding)
         .await
         .unwrap();
-    let resumed = rotation_arrives(&ws, &[downstream.clone()], &target, "v2").await;
+    let resumed = rotation_arrives(&ws, std::slice::from_ref(&downstream), &target, "v2").await;
     ws.ready("east", "app").await;
     assert_eq!(
         uids(&ws, &placement).await,
