@@ -56,3 +56,4 @@ pub mod hub_harness;
 pub mod kyverno;
 pub mod local_pod;
 pub mod proxy;
+pub mod running;
