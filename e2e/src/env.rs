@@ -1,6 +1,7 @@
 //! The multi-cluster environment: one etcd, a hub and N downstream clusters on loopback,
 //! each with its own kube-apiserver and kube-controller-manager.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::Read;
 use std::net::TcpListener;
@@ -74,6 +75,9 @@ pub struct TestEnv {
     clusters: Vec<ClusterInfo>,
     tokens: Vec<(String, String)>,
     processes: Mutex<Vec<Process>>,
+    /// Components stopped on purpose ([`TestEnv::stop_component`]), which
+    /// [`TestEnv::check_alive`] does not report.
+    stopped: Mutex<BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for TestEnv {
@@ -222,6 +226,7 @@ impl TestEnv {
             clusters: Vec::new(),
             tokens,
             processes: Mutex::new(Vec::new()),
+            stopped: Mutex::new(BTreeSet::new()),
         };
 
         let etcd_url = format!("http://127.0.0.1:{}", free_port()?);
@@ -345,7 +350,11 @@ impl TestEnv {
 
     /// Fails with the component's log if any process has exited.
     pub fn check_alive(&self) -> Result<()> {
+        let stopped = self.stopped.lock().unwrap().clone();
         for p in self.processes.lock().unwrap().iter_mut() {
+            if stopped.contains(p.name()) {
+                continue;
+            }
             if let Some(status) = p.exited() {
                 let name = p.name().to_string();
                 let log = self.log_path(&name);
@@ -367,8 +376,16 @@ impl TestEnv {
     }
 
     async fn wait_ready(&self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         for c in &self.clusters {
+            self.wait_cluster_ready(&c.name, timeout).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_cluster_ready(&self, cluster: &str, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        {
+            let c = self.cluster(cluster);
             let client = self.client(&c.name).await?;
             loop {
                 self.check_alive()?;
@@ -384,6 +401,45 @@ impl TestEnv {
             }
         }
         Ok(())
+    }
+
+    /// Stops `component` — `etcd`, `<cluster>/kube-apiserver` or
+    /// `<cluster>/kube-controller-manager` — like an outage: SIGTERM, then SIGKILL after 5 s.
+    /// It stays down until [`start_component`](Self::start_component).
+    ///
+    /// # Panics
+    /// When the environment has no such component.
+    pub fn stop_component(&self, component: &str) {
+        let mut procs = self.processes.lock().unwrap();
+        let p = procs
+            .iter_mut()
+            .find(|p| p.name() == component)
+            .unwrap_or_else(|| panic!("no component {component} in the test environment"));
+        self.stopped.lock().unwrap().insert(component.to_string());
+        p.stop(Duration::from_secs(5));
+    }
+
+    /// Starts a component stopped by [`stop_component`](Self::stop_component) again, with the
+    /// same command line: same ports, certificates and data (etcd keeps its data directory),
+    /// forked like the first start so it still dies with this process. Waits until the
+    /// apiservers it serves answer `/readyz`: its own for an apiserver, all of them for etcd.
+    pub async fn start_component(&self, component: &str) -> Result<()> {
+        {
+            let mut procs = self.processes.lock().unwrap();
+            let p = procs
+                .iter_mut()
+                .find(|p| p.name() == component)
+                .with_context(|| format!("no component {component} in the test environment"))?;
+            p.restart()?;
+            self.stopped.lock().unwrap().remove(component);
+        }
+        self.write_record()?;
+        let timeout = Duration::from_secs(120);
+        match component.split_once('/') {
+            Some((cluster, "kube-apiserver")) => self.wait_cluster_ready(cluster, timeout).await,
+            Some(_) => Ok(()),
+            None => self.wait_ready(timeout).await,
+        }
     }
 
     fn write_record(&self) -> Result<()> {

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tender_agent::AgentConfig;
 use tender_types::conditions::{TYPE_READY, is_true};
-use tender_types::{Bundle, BundleDeployment, Cluster, names};
+use tender_types::{Bundle, BundleDeployment, Cluster, labels, names};
 
 use crate::agent_harness::{AgentHandle, start_agent_with};
 use crate::hub_harness::{HubHandle, agent_kubeconfig, hub_config, start_hub};
@@ -389,6 +389,43 @@ pub async fn create_namespace(client: &kube::Client, name: &str) {
         Err(kube::Error::Api(s)) if s.code == 409 => {}
         Err(e) => panic!("creating namespace {name}: {e}"),
     }
+}
+
+/// Identity of every downstream object of one cluster namespace (copies, manifests and the
+/// agent's inventories, found by tender's cluster-namespace label): `Kind ns/name` → (uid,
+/// resourceVersion).
+pub type Snapshot = BTreeMap<String, (String, String)>;
+
+/// The [`Snapshot`] of cluster namespace `cluster_ns`'s objects on the downstream cluster of
+/// `down`.
+pub async fn snapshot(down: &kube::Client, cluster_ns: &str) -> kube::Result<Snapshot> {
+    let lp = ListParams::default().labels(&format!("{}={cluster_ns}", labels::CLUSTER_NAMESPACE));
+    let mut out = Snapshot::new();
+    let id = |kind: &str, m: &ObjectMeta| {
+        (
+            format!(
+                "{kind} {}/{}",
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default()
+            ),
+            (
+                m.uid.clone().unwrap_or_default(),
+                m.resource_version.clone().unwrap_or_default(),
+            ),
+        )
+    };
+    for s in Api::<Secret>::all(down.clone()).list_metadata(&lp).await? {
+        let (k, v) = id("Secret", &s.metadata);
+        out.insert(k, v);
+    }
+    for c in Api::<ConfigMap>::all(down.clone())
+        .list_metadata(&lp)
+        .await?
+    {
+        let (k, v) = id("ConfigMap", &c.metadata);
+        out.insert(k, v);
+    }
+    Ok(out)
 }
 
 /// Waits until Secret `ns/name` exists in `client`'s cluster and `check` holds for it; `what`

@@ -58,3 +58,4 @@ pub mod kyverno;
 pub mod local_pod;
 pub mod oci_registry;
 pub mod proxy;
+pub mod running;

@@ -8,7 +8,7 @@
 
 use std::fs::File;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Mutex, OnceLock};
@@ -44,6 +44,11 @@ fn spawner() -> &'static Mutex<mpsc::Sender<Request>> {
 pub struct Process {
     name: String,
     child: Child,
+    /// What started it, so [`Process::restart`] can start the same command again.
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    log: PathBuf,
 }
 
 impl Process {
@@ -54,7 +59,6 @@ impl Process {
 
     /// Starts `program args` with `env` added to the inherited environment and stdout and
     /// stderr appended to `log`.
-    #[allow(unsafe_code)] // libc calls, each with a SAFETY comment
     pub fn start_with_env(
         name: &str,
         program: &Path,
@@ -62,39 +66,13 @@ impl Process {
         env: &[(String, String)],
         log: &Path,
     ) -> Result<Process> {
-        let out = File::options()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("opening {}", log.display()))?;
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        // SAFETY: prctl is async-signal-safe; this runs in the forked child before exec.
-        unsafe {
-            cmd.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let (tx, rx) = mpsc::channel();
-        spawner()
-            .lock()
-            .unwrap()
-            .send((cmd, tx))
-            .context("spawner thread is gone")?;
-        let child = rx
-            .recv()
-            .context("spawner thread is gone")?
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
         Ok(Process {
             name: name.to_string(),
-            child,
+            child: spawn(name, program, args, env, log)?,
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            env: env.to_vec(),
+            log: log.to_path_buf(),
         })
     }
 
@@ -106,6 +84,11 @@ impl Process {
     /// The component name given at start.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The log file its stdout and stderr are appended to.
+    pub fn log(&self) -> &Path {
+        &self.log
     }
 
     /// `Some(status)` if the process has exited.
@@ -122,12 +105,67 @@ impl Process {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Kills the process outright (SIGKILL, like a crash or an OOM kill) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the same command again (same program, args, environment and log, appended), from
+    /// the same spawner thread, so the new child dies with this process too. Stops the old one
+    /// first if it still runs.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop(Duration::from_secs(5));
+        self.child = spawn(&self.name, &self.program, &self.args, &self.env, &self.log)?;
+        Ok(())
+    }
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
         self.stop(Duration::from_secs(5));
     }
+}
+
+/// Forks `program args` from the spawner thread with the parent-death signal set.
+#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
+fn spawn(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+) -> Result<Child> {
+    let out = File::options()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    // SAFETY: prctl is async-signal-safe; this runs in the forked child before exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let (tx, rx) = mpsc::channel();
+    spawner()
+        .lock()
+        .unwrap()
+        .send((cmd, tx))
+        .context("spawner thread is gone")?;
+    rx.recv()
+        .context("spawner thread is gone")?
+        .with_context(|| format!("starting {name} ({})", program.display()))
 }
 
 /// Sends SIGTERM to `pid` and waits up to `grace` for it to disappear; SIGKILL after that.

@@ -207,20 +207,30 @@ fn reset_on_close(stream: &TcpStream) {
     }
 }
 
-/// Status code of one HTTP/1.1 `GET path` on a fresh connection to `addr` (probes of an
+/// Status code of one `GET path` on a fresh connection to `addr` (probes of an
 /// in-process component's `/healthz`, `/readyz`).
 pub async fn http_status(addr: SocketAddr, path: &str) -> io::Result<u16> {
+    Ok(http_get(addr, path).await?.0)
+}
+
+/// `GET path` on `addr` (plain HTTP/1.0, e.g. a process's `/metrics`): status and body.
+pub async fn http_get(addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
     let mut stream = TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;
     let response = String::from_utf8_lossy(&response);
-    response
+    let status = response
         .split_whitespace()
         .nth(1)
         .and_then(|code| code.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("no status line in {response:?}")))
+        .ok_or_else(|| io::Error::other(format!("no status line in {response:?}")))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,102 +6,30 @@
 //! hub grants agents without holding it shows up here as a 403.
 
 use std::collections::BTreeMap;
-use std::process::Command;
-use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
-use tender_e2e::apply::apply_yaml;
-use tender_e2e::binaries::tender_binaries;
 use tender_e2e::fixture::{WAIT, Workspace, app_bundle, secret_value, wait_secret};
-use tender_e2e::local_pod::local_pod;
-use tender_e2e::{
-    ADMIN_USER, HUB, Process, downstream_name, ensure_helm, eventually, shared_env, unique_name,
-};
+use tender_e2e::running::{Running, install_hub_chart};
+use tender_e2e::{ADMIN_USER, HUB, downstream_name, eventually, shared_env, unique_name};
 use tender_types::Cluster;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 #[tokio::test]
 async fn the_hub_runs_its_core_scenarios_with_exactly_the_charts_rbac() {
     let env = shared_env(2).await;
     let ws = Workspace::without_hub(env, "rbac").await;
-    let bins = tokio::task::spawn_blocking(tender_binaries)
-        .await
-        .unwrap()
-        .expect("building the binaries");
-    let helm = tokio::task::spawn_blocking(ensure_helm)
-        .await
-        .unwrap()
-        .expect("building helm");
-
     // The chart, rendered by the real Helm and applied: ServiceAccount, ClusterRole(Binding),
-    // Deployment — serving only this test's workspace.
-    let release_ns = unique_name("tender-system");
-    Api::<Namespace>::all(ws.hub.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(release_ns.clone()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let chart =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/charts/tender-hub");
-    let out = Command::new(&helm)
-        .args([
-            "template",
-            "tender-hub",
-            chart.to_str().unwrap(),
-            "-n",
-            &release_ns,
-        ])
-        .args(["--set", &format!("workspaceNamespaces={{{}}}", ws.ns)])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    apply_yaml(&ws.hub, &String::from_utf8(out.stdout).unwrap())
-        .await
-        .unwrap();
-    let deployment = Api::<Deployment>::namespaced(ws.hub.clone(), &release_ns)
-        .get("tender-hub")
-        .await
-        .unwrap();
-    let work = env.state_dir().join(unique_name("hub-rbac"));
-    let mut pod = local_pod(
-        &ws.hub,
-        &env.cluster(HUB).server,
-        env.ca_pem(),
+    // Deployment — serving only this test's workspace; its container run as a process.
+    let deployment = install_hub_chart(&ws.hub, &ws.ns, &[]).await;
+    let mut hub = Running::start(
+        env,
+        HUB,
         &deployment,
         "tender-hub-0",
-        &work.join("pod"),
+        &[("--push-probe-seconds", "1")],
     )
-    .await
-    .unwrap();
-    pod.set_flag("--metrics-addr", &format!("127.0.0.1:{}", free_port()));
-    let kubeconfig = pod.kubeconfig.display().to_string();
-    pod.set_flag("--kubeconfig", &kubeconfig);
-    pod.set_flag("--push-probe-seconds", "1");
-    let log = work.join("tender-hub.log");
-    let mut hub =
-        Process::start_with_env("tender-hub", &bins.hub, &pod.args, &pod.env, &log).unwrap();
+    .await;
 
     // Sources, a pull cluster with its agent, a push cluster and a cluster without agent.
     ws.source_secret("db-creds", &[("password", "v1")]).await;
@@ -198,20 +126,16 @@ async fn the_hub_runs_its_core_scenarios_with_exactly_the_charts_rbac() {
     .await;
 
     // The hub ran all of it with the chart's rights: no refusal in its log.
-    assert!(hub.exited().is_none(), "tender-hub exited");
-    hub.stop(Duration::from_secs(10));
-    let text = std::fs::read_to_string(&log).unwrap();
-    let refused: Vec<&str> = text
-        .lines()
-        .filter(|l| {
-            let l = l.to_ascii_lowercase();
-            l.contains("forbidden") || l.contains("403") || l.contains("unauthorized")
-        })
-        .collect();
+    hub.assert_running();
+    let refused = hub.refusals();
     assert!(
         refused.is_empty(),
         "tender-hub was refused with the chart's RBAC:\n{}",
         refused.join("\n")
     );
-    assert!(text.lines().count() > 5, "the hub logged its work:\n{text}");
+    assert!(
+        hub.log().lines().count() > 5,
+        "the hub logged its work:\n{}",
+        hub.log()
+    );
 }

@@ -7,17 +7,18 @@
 //! talking to the same apiserver. Every test has its own workspace namespace, hub instance(s)
 //! and Cluster registrations, so tests run in parallel.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use tender_e2e::agent_harness::{AgentHandle, start_agent};
-use tender_e2e::fixture::{WAIT, Workspace, app_bundle, secret_value, stays, wait_secret};
+use tender_e2e::fixture::{
+    WAIT, Workspace, app_bundle, secret_value, snapshot, stays, wait_secret,
+};
 use tender_e2e::hub_harness::{HubHandle, hub_config, spawn_hub};
 use tender_e2e::proxy::{TcpProxy, http_status};
 use tender_e2e::{
@@ -44,41 +45,6 @@ async fn new_deployment_id(ws: &Workspace, cluster: &str, bundle: &str, old: &st
         },
     )
     .await
-}
-
-/// Identity of every downstream object of one cluster namespace (copies, manifests and the
-/// agent's inventories, found by tender's cluster-namespace label): `Kind ns/name` → (uid,
-/// resourceVersion).
-type Snapshot = BTreeMap<String, (String, String)>;
-
-async fn snapshot(down: &kube::Client, cluster_ns: &str) -> kube::Result<Snapshot> {
-    let lp = ListParams::default().labels(&format!("{}={cluster_ns}", labels::CLUSTER_NAMESPACE));
-    let mut out = Snapshot::new();
-    let id = |kind: &str, m: &ObjectMeta| {
-        (
-            format!(
-                "{kind} {}/{}",
-                m.namespace.as_deref().unwrap_or_default(),
-                m.name.as_deref().unwrap_or_default()
-            ),
-            (
-                m.uid.clone().unwrap_or_default(),
-                m.resource_version.clone().unwrap_or_default(),
-            ),
-        )
-    };
-    for s in Api::<Secret>::all(down.clone()).list_metadata(&lp).await? {
-        let (k, v) = id("Secret", &s.metadata);
-        out.insert(k, v);
-    }
-    for c in Api::<ConfigMap>::all(down.clone())
-        .list_metadata(&lp)
-        .await?
-    {
-        let (k, v) = id("ConfigMap", &c.metadata);
-        out.insert(k, v);
-    }
-    Ok(out)
 }
 
 /// Serves an agent's `/metrics`, `/healthz` and `/readyz` on a free loopback port, exactly as

@@ -96,11 +96,13 @@ async fn feed<K>(
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let kind = K::kind(&());
-    let mut stream =
-        reflector::reflector(writer, watcher::watcher(api, watcher::Config::default()))
-            .default_backoff()
-            .touched_objects()
-            .boxed();
+    let mut stream = reflector::reflector(
+        writer,
+        tender_runtime::watch::watcher(api, watcher::Config::default()),
+    )
+    .default_backoff()
+    .touched_objects()
+    .boxed();
     while let Some(item) = stream.next().await {
         let obj = match item {
             Ok(o) => o,

@@ -99,7 +99,7 @@ impl DriftWatches {
         let cluster_namespace = self.cluster_namespace.clone();
         let resource = resource.clone();
         self.tasks.lock().expect("drift tasks").spawn(async move {
-            let mut events = reflector::reflector(writer, watcher(api, config))
+            let mut events = reflector::reflector(writer, tender_runtime::watch::watcher(api, config))
                 .default_backoff()
                 .boxed();
             while let Some(event) = events.next().await {
@@ -141,11 +141,4 @@ impl DriftWatches {
             }
         });
     }
-}
-
-fn watcher(
-    api: Api<DynamicObject>,
-    config: watcher::Config,
-) -> impl futures::Stream<Item = watcher::Result<Event<DynamicObject>>> {
-    watcher::watcher(api, config)
 }

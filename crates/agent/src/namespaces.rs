@@ -34,9 +34,12 @@ pub(crate) async fn feed(
     trigger: UnboundedSender<KubeRef<BundleDeployment>>,
 ) {
     let api: Api<PartialObjectMeta<Namespace>> = Api::all(downstream);
-    let mut stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .boxed();
+    let mut stream = reflector::reflector(
+        writer,
+        tender_runtime::watch::watcher(api, watcher::Config::default()),
+    )
+    .default_backoff()
+    .boxed();
     while let Some(event) = stream.next().await {
         match event {
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {

@@ -8,8 +8,9 @@ use futures::StreamExt;
 use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::reflector::ObjectRef as KubeRef;
+use kube::runtime::reflector::{self, ObjectRef as KubeRef};
 use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::{Client, ResourceExt};
 use tender_runtime::Health;
@@ -64,7 +65,13 @@ pub(crate) async fn run(
         }
     }
 
-    let controller = Controller::new(ctx.bds.clone(), watcher::Config::default())
+    let (bd_store, bd_writer) = reflector::store();
+    let bd_stream = reflector::reflector(
+        bd_writer,
+        tender_runtime::watch::watcher(ctx.bds.clone(), watcher::Config::default()),
+    )
+    .applied_objects();
+    let controller = Controller::for_stream(bd_stream, bd_store)
         .with_config(ControllerConfig::default().concurrency(ctx.config.concurrency))
         .reconcile_on(triggers)
         .graceful_shutdown_on(shutdown.clone());

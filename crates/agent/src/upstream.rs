@@ -158,7 +158,7 @@ where
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let what = format!("{} {ns}/{name}", K::kind(&()));
     let task = tokio::spawn(async move {
-        let mut events = reflector::reflector(writer, watcher(api, config))
+        let mut events = reflector::reflector(writer, tender_runtime::watch::watcher(api, config))
             .default_backoff()
             .boxed();
         while let Some(event) = events.next().await {

@@ -87,7 +87,8 @@ fn reflect_dynamic(
 ) {
     let writer = reflector::store::Writer::new(resource.clone());
     let reader = writer.as_reader();
-    let events = reflector::reflector(writer, watcher(api, config).default_backoff())
+    let events = reflector::reflector(writer, tender_runtime::watch::watcher(api, config))
+        .default_backoff()
     .filter_map(move |event| {
         let what = what.clone();
         async move {
@@ -110,7 +111,8 @@ where
     K::DynamicType: Default + Eq + Hash + Clone,
 {
     let (reader, writer) = reflector::store();
-    let events = reflector::reflector(writer, watcher(api, config).default_backoff())
+    let events = reflector::reflector(writer, tender_runtime::watch::watcher(api, config))
+        .default_backoff()
         .filter_map(move |event| async move {
             match event {
                 Ok(event) => Some(event),

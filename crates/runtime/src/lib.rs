@@ -1,7 +1,7 @@
 //! Process plumbing that `tender-hub` and `tender-agent` would otherwise both write:
 //! logging, the Prometheus registry, the `/metrics` `/healthz` `/readyz` server, Kubernetes
-//! client construction (with every apiserver request counted), Lease-based leader election
-//! and the shutdown signal.
+//! client construction (with every apiserver request counted), Lease-based leader election,
+//! the watcher every cache uses and the shutdown signal.
 //!
 //! Nothing here knows about tender's own resources; controllers live in the hub and agent,
 //! and hand what they decided to the one [`Executor`] as a list of [`Op`]s.
@@ -44,6 +44,7 @@ pub mod reconcile;
 pub mod server;
 pub mod telemetry;
 pub mod token;
+pub mod watch;
 
 mod error;
 mod signal;
