@@ -453,15 +453,13 @@ mod tests {
 
     #[test]
     fn a_source_whose_copy_is_on_its_way_is_pending_not_missing() {
-        let status = |kind: &str, name: &str, state| {
-            tender_types::ObjectStatus {
-                api_version: "v1".into(),
-                kind: kind.into(),
-                namespace: Some("apps".into()),
-                name: name.into(),
-                state,
-                message: None,
-            }
+        let status = |kind: &str, name: &str, state| tender_types::ObjectStatus {
+            api_version: "v1".into(),
+            kind: kind.into(),
+            namespace: Some("apps".into()),
+            name: name.into(),
+            state,
+            message: None,
         };
         let sources = needed_sources(&helm(), "apps");
         let first = sources.first().expect("helm() reads sources").clone();
