@@ -338,7 +338,9 @@ async fn a_bundle_deployment_too_large_to_store_is_too_large_and_the_last_one_st
     ws.bundle("app", spec(20)).await;
     bundle_reason(&ws, "app", reason::READY).await;
     ws.ready("east", "app").await;
-    assert_eq!(cm_uid(&down, &target, "big").await, big_uid);
+    let big = cm(&down, &target, "big").await.unwrap();
+    assert_eq!(big.metadata.uid.as_deref(), Some(big_uid.as_str()));
+    assert_eq!(big.data.unwrap()["pad"].len(), 20);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -391,9 +393,25 @@ async fn a_manifest_of_a_kind_not_installed_is_kind_not_installed_and_the_rest_d
     let settings = cm_uid(&down, &target, "settings").await;
     // The other cluster serves the kind and is Ready; the Bundle counts east as failed.
     ws.ready("west", "app").await;
-    let b = bundle_reason(&ws, "app", reason::APPLY_FAILED).await;
-    let summary = b.status.unwrap().summary.unwrap();
-    assert_eq!((summary.ready, summary.err_applied), (1, 1));
+    let bundles: Api<Bundle> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    let b = eventually(
+        "the Bundle counts east failed, west ready",
+        WAIT,
+        || async {
+            let b = bundles.get("app").await?;
+            let counted = b
+                .status
+                .as_ref()
+                .and_then(|s| s.summary.as_ref())
+                .is_some_and(|s| (s.ready, s.err_applied) == (1, 1));
+            Ok::<_, kube::Error>(counted.then_some(b))
+        },
+    )
+    .await;
+    let ready = find_condition(&b.status.unwrap().conditions, TYPE_READY)
+        .unwrap()
+        .clone();
+    assert_eq!(ready.reason, reason::APPLY_FAILED);
 
     // Installing the CRD on east is all it takes.
     apply_crd(&down, &widget_crd(&group)).await.unwrap();
@@ -1153,10 +1171,17 @@ async fn a_bundle_edited_while_its_agent_is_down_converges_when_it_returns() {
     ws.ready("west", "app").await;
     let keep = cm_uid(&down, &target, "keep").await;
 
+    let old_id = ws.bds("west").get("app").await.unwrap().spec.deployment_id;
     east.kill().await;
     ws.source_secret("db-creds", &[("password", "v2")]).await;
     ws.bundle("app", spec("2", false)).await;
     // West follows; east's cluster keeps exactly what it had while its agent is away.
+    let west_bds = ws.bds("west");
+    eventually("west's deployment of the edit", WAIT, || async {
+        let bd = west_bds.get("app").await?;
+        Ok::<_, kube::Error>((bd.spec.deployment_id != old_id).then_some(()))
+    })
+    .await;
     ws.ready("west", "app").await;
     let west_down = ws.downstream(&west.downstream).await;
     assert!(cm(&west_down, &target, "drop").await.is_none());
