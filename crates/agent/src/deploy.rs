@@ -309,7 +309,7 @@ async fn plan_carried(
             return vec![Err(status::object(&key, ObjectState::Error, Some(msg)))];
         }
     };
-    ctx.drift.ensure(&resource);
+    ctx.drift.ensure_for(&resource, &owner.name);
     let object = match ctx.copies.carried(entry).await {
         Ok(object) => object,
         Err(msg) => return vec![Err(status::object(&key, ObjectState::Missing, Some(msg)))],
@@ -348,7 +348,7 @@ async fn plan_manifest(
             return vec![Err(status::object(&key, ObjectState::Error, Some(msg)))];
         }
     };
-    ctx.drift.ensure(&resource);
+    ctx.drift.ensure_for(&resource, &owner.name);
     let one = |opts: &BundleDeploymentOptions| {
         plan::manifest(m, namespaced, opts, owner)
             .map_err(|msg| status::object(&key, ObjectState::Error, Some(msg)))

@@ -9,7 +9,7 @@
 //! and asks the apiserver only on a miss (an object that does not exist yet, or one somebody
 //! else owns, is not in a label-selected cache).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -39,6 +39,9 @@ pub(crate) struct DriftWatches {
     trigger: UnboundedSender<KubeRef<BundleDeployment>>,
     writer: Arc<Executor>,
     caches: Arc<Mutex<HashMap<(String, String), KindCache>>>,
+    /// The BundleDeployments that planned an object of each kind: re-checked when the kind
+    /// goes, also those whose objects the cache never saw.
+    users: Arc<Mutex<HashMap<(String, String), BTreeSet<String>>>>,
     tasks: Mutex<JoinSet<()>>,
 }
 
@@ -56,6 +59,7 @@ impl DriftWatches {
             trigger,
             writer,
             caches: Arc::new(Mutex::new(HashMap::new())),
+            users: Arc::new(Mutex::new(HashMap::new())),
             tasks: Mutex::new(JoinSet::new()),
         }
     }
@@ -73,6 +77,18 @@ impl DriftWatches {
             r = r.within(ns);
         }
         cache.store.get(&r)
+    }
+
+    /// Records that BundleDeployment `owner` deploys objects of `resource`, and caches them
+    /// ([`ensure`](Self::ensure)).
+    pub(crate) fn ensure_for(&self, resource: &ApiResource, owner: &str) {
+        self.users
+            .lock()
+            .expect("drift users")
+            .entry((resource.group.clone(), resource.kind.clone()))
+            .or_default()
+            .insert(owner.to_string());
+        self.ensure(resource);
     }
 
     /// Starts caching and watching `resource` unless already done.
@@ -94,6 +110,7 @@ impl DriftWatches {
             },
         );
         let all_caches = self.caches.clone();
+        let users = self.users.clone();
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), resource);
         let config = watcher::Config::default().labels(&cluster_selector(&self.cluster_namespace));
         let trigger = self.trigger.clone();
@@ -143,6 +160,10 @@ impl DriftWatches {
                             if let Some(owner) = owner_of(&obj, &cluster_namespace) {
                                 let _ = trigger.unbounded_send(owner);
                             }
+                        }
+                        let planned = users.lock().expect("drift users").get(&id).cloned();
+                        for name in planned.unwrap_or_default() {
+                            let _ = trigger.unbounded_send(KubeRef::new(&name).within(&cluster_namespace));
                         }
                         return;
                     }

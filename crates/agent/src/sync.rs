@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use serde_json::Value;
 use tender_runtime::reconcile::{error_text, is_not_found};
-use tender_runtime::{Op, ReconcileError};
+use tender_runtime::{ObjectKey, Op, ReconcileError};
 use tender_types::{ObjectRef, ObjectState, ObjectStatus};
 
 use tender_types::conditions::reason;
@@ -36,7 +36,7 @@ pub(crate) async fn sync_object(
             Ok(live) => live.map(|o| serde_json::to_value(o).unwrap_or_default()),
             Err(e) => {
                 let msg = format!("cannot read: {}", error_text(&e, key.is_secret()));
-                return error(unless_gone(ctx, d, is_not_found(&e), msg).await);
+                return error(unless_gone(ctx, d, &key, is_not_found(&e), msg).await);
             }
         },
     };
@@ -69,7 +69,7 @@ pub(crate) async fn sync_object(
                     .map(|o| serde_json::to_value(o).unwrap_or_default())
                     .or(applied);
             }
-            Err(e) => return error(unless_gone(ctx, d, e.is_not_found(), message(&e)).await),
+            Err(e) => return error(unless_gone(ctx, d, &key, e.is_not_found(), message(&e)).await),
         }
     }
     if corrects_drift {
@@ -86,13 +86,21 @@ pub(crate) async fn sync_object(
 
 /// `msg`, unless the request failed with a 404 because the kind is no longer served (its CRD
 /// removed): then discovery is asked again and the message says `KindNotInstalled`.
-async fn unless_gone(ctx: &Context, d: &Desired, not_found: bool, msg: String) -> String {
+async fn unless_gone(
+    ctx: &Context,
+    d: &Desired,
+    key: &ObjectKey,
+    not_found: bool,
+    msg: String,
+) -> String {
     if !not_found {
         return msg;
     }
     ctx.down.forget(&d.key.api_version, &d.key.kind);
     match ctx.down.resolve(&d.key.api_version, &d.key.kind).await {
         Err(gone) if downstream::not_installed(&gone) => {
+            // The object went with its kind: our last write of it must not skip the next.
+            ctx.down_writer.memo().forget(key);
             downstream::unresolved(&d.key.api_version, &d.key.kind, &gone)
         }
         _ => msg,
