@@ -27,6 +27,9 @@ use tokio::task::JoinSet;
 
 use crate::plan::{Owner, cluster_selector};
 
+/// A kind by API group and kind name.
+type KindId = (String, String);
+
 /// The cache of one kind: usable once its first list is complete.
 struct KindCache {
     store: Store<DynamicObject>,
@@ -38,10 +41,10 @@ pub(crate) struct DriftWatches {
     cluster_namespace: String,
     trigger: UnboundedSender<KubeRef<BundleDeployment>>,
     writer: Arc<Executor>,
-    caches: Arc<Mutex<HashMap<(String, String), KindCache>>>,
+    caches: Arc<Mutex<HashMap<KindId, KindCache>>>,
     /// The BundleDeployments that planned an object of each kind: re-checked when the kind
     /// goes, also those whose objects the cache never saw.
-    users: Arc<Mutex<HashMap<(String, String), BTreeSet<String>>>>,
+    users: Arc<Mutex<HashMap<KindId, BTreeSet<String>>>>,
     tasks: Mutex<JoinSet<()>>,
 }
 
