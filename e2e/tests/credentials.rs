@@ -278,3 +278,188 @@ async fn deleting_the_cluster_revokes_its_agent_at_once() {
     let mint = credentials::request_token(&hub, &ns, Duration::from_secs(3600)).await;
     assert!(mint.is_err(), "a revoked agent cannot renew itself");
 }
+
+/// The real `tender-agent` binary, started with a 600 s registration token (the apiserver's
+/// minimum) and `--hub-token-refresh-margin-seconds 597`: it renews within seconds, again and
+/// again, stores each renewed kubeconfig in its downstream Secret, logs the renewal without the
+/// token, and still applies a rotation after the registration token is revoked.
+#[tokio::test]
+async fn the_agent_binary_renews_its_token_early_and_keeps_applying_after_revocation() {
+    let env = shared_env(1).await;
+    let bins = tokio::task::spawn_blocking(tender_e2e::binaries::tender_binaries)
+        .await
+        .unwrap()
+        .expect("building the binaries");
+    let ws = Workspace::new(env, "cred-binary").await;
+    ws.cluster("east").await;
+    let ns = ws.cluster_ns("east");
+    let secrets: Api<Secret> = Api::namespaced(ws.hub.clone(), &ns);
+    let ticket = secrets
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("registration-ticket".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let registration = registration_token(&ws.hub, &ns, 600, Some(&ticket)).await;
+    let exp = expiry(&registration).unwrap();
+
+    // Installed as the CLI's manifests install it: the hub kubeconfig mounted as a file and
+    // stored in the downstream Secret `tender-agent-hub`.
+    let down = ws.downstream(&downstream_name(1)).await;
+    let agent_ns = tender_e2e::unique_name("cred-binary-agent");
+    tender_e2e::fixture::create_namespace(&down, &agent_ns).await;
+    let kubeconfig = agent_kubeconfig(env, &registration);
+    let text = credentials::with_token(&kubeconfig, &registration).unwrap();
+    let stored: Api<Secret> = Api::namespaced(down.clone(), &agent_ns);
+    stored
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("tender-agent-hub".into()),
+                    ..Default::default()
+                },
+                data: Some(
+                    [(
+                        "kubeconfig".to_string(),
+                        ByteString(text.clone().into_bytes()),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let dir = env.state_dir().join(tender_e2e::unique_name("cred-binary"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hub_file = dir.join("hub.kubeconfig");
+    let down_file = dir.join("downstream.kubeconfig");
+    std::fs::write(&hub_file, &text).unwrap();
+    std::fs::write(
+        &down_file,
+        env.kubeconfig_as(&downstream_name(1), tender_e2e::ADMIN_USER),
+    )
+    .unwrap();
+    let log = dir.join("agent.log");
+    let arg = |s: &str| s.to_string();
+    let args = vec![
+        arg("--hub-kubeconfig"),
+        hub_file.display().to_string(),
+        arg("--kubeconfig"),
+        down_file.display().to_string(),
+        arg("--workspace-namespace"),
+        ws.ns.clone(),
+        arg("--cluster-name"),
+        arg("east"),
+        arg("--heartbeat-seconds"),
+        arg("2"),
+        arg("--metrics-addr"),
+        arg("127.0.0.1:0"),
+        arg("--hub-token-lifetime-seconds"),
+        arg("600"),
+        arg("--hub-token-refresh-margin-seconds"),
+        arg("597"),
+        arg("--hub-kubeconfig-secret"),
+        arg("tender-agent-hub"),
+    ];
+    let vars = [
+        ("POD_NAMESPACE", agent_ns.as_str()),
+        ("POD_NAME", "tender-agent-e2e"),
+        ("EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM", "true"),
+        ("RUST_LOG", "info"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let mut agent =
+        tender_e2e::Process::start_with_env("tender-agent", &bins.agent, &args, &vars, &log)
+            .unwrap();
+
+    // It works: a copy and a manifest arrive.
+    let target = tender_e2e::unique_name("cred-binary-app");
+    ws.source_secret("db-creds", &[("password", "v1")]).await;
+    ws.source_config_map("app-config", &[("mode", "fast")])
+        .await;
+    ws.bundle("app", tender_e2e::fixture::app_bundle(&["east"], &target))
+        .await;
+    ws.ready("east", "app").await;
+
+    // The stored kubeconfig switches to a renewed token, then to another: renewals, early.
+    let persist = Persist {
+        downstream: down.clone(),
+        namespace: agent_ns.clone(),
+        name: "tender-agent-hub".into(),
+        kubeconfig,
+    };
+    let first = eventually(
+        "the binary stored a renewed token",
+        Duration::from_secs(30),
+        || async {
+            let t = credentials::stored_token(&persist).await;
+            Ok::<_, kube::Error>(t.filter(|t| *t != registration))
+        },
+    )
+    .await;
+    assert!(
+        expiry(&first).unwrap() >= exp,
+        "a renewed token lives at least as long"
+    );
+    let second = eventually(
+        "the binary stored a second renewal",
+        Duration::from_secs(30),
+        || async {
+            let t = credentials::stored_token(&persist).await;
+            Ok::<_, kube::Error>(t.filter(|t| *t != registration && *t != first))
+        },
+    )
+    .await;
+
+    // Revoke the registration token; a rotation still reaches the cluster and the agent
+    // reports it applied — requests made after the revocation, with its own token.
+    secrets
+        .delete("registration-ticket", &DeleteParams::default())
+        .await
+        .unwrap();
+    let old = client_with(env, &BearerToken::new(registration.clone())).await;
+    eventually("the registration token is refused", WAIT, || async {
+        Ok::<_, kube::Error>((list_status(&old, &ns).await == Err(401)).then_some(()))
+    })
+    .await;
+    let before = ws.bds("east").get("app").await.unwrap().spec.deployment_id;
+    ws.source_secret("db-creds", &[("password", "v2")]).await;
+    tender_e2e::fixture::wait_secret(&down, &target, "db-creds", "the rotation", |s| {
+        tender_e2e::fixture::secret_value(s, "password").as_deref() == Some("v2")
+    })
+    .await;
+    let bd = ws.ready("east", "app").await;
+    assert_ne!(
+        bd.spec.deployment_id, before,
+        "the rotation's deployment is reported applied"
+    );
+    assert!(agent.exited().is_none(), "the agent is still running");
+
+    // Its log says it renewed, never with a token, and shows no refusal.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let renewals = text
+        .lines()
+        .filter(|l| l.contains("hub token renewed"))
+        .count();
+    assert!(renewals >= 2, "renewals logged: {renewals}\n{text}");
+    for token in [&registration, &first, &second] {
+        let sig = token.rsplit('.').next().unwrap();
+        assert!(!text.contains(sig), "a token in the agent's log");
+    }
+    for refusal in ["Unauthorized", "forbidden", "Forbidden"] {
+        assert!(
+            !text.contains(refusal),
+            "{refusal} in the agent's log:\n{text}"
+        );
+    }
+    agent.stop(Duration::from_secs(5));
+}

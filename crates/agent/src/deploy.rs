@@ -15,8 +15,8 @@ use tender_types::{
 use crate::context::Context;
 use crate::plan::{self, Desired, Mode, Owner, Planned};
 use crate::status::{self, Outcome};
-use crate::sync::{ensure_namespace, message, sync_object};
-use crate::{Result, cleanup, policy, report};
+use crate::sync::{ensure_namespace, sync_object};
+use crate::{Result, cleanup, downstream, policy, report};
 
 /// Re-check of objects somebody else owns: their deletion does not reach our label-filtered watches.
 const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
@@ -317,17 +317,11 @@ async fn plan_carried(
     let (resource, namespaced) = match ctx.down.resolve(entry.api_version(), &entry.kind).await {
         Ok(found) => found,
         Err(e) => {
-            let msg = format!(
-                "{}: {}/{} is not served by this cluster (install its CRD here): {}",
-                tender_types::conditions::reason::KIND_NOT_INSTALLED,
-                entry.api_version(),
-                entry.kind,
-                message(&e)
-            );
+            let msg = downstream::unresolved(entry.api_version(), &entry.kind, &e);
             return vec![Err(status::object(&key, ObjectState::Error, Some(msg)))];
         }
     };
-    ctx.drift.ensure(&resource);
+    ctx.drift.ensure_for(&resource, &owner.name);
     let object = match ctx.copies.carried(entry).await {
         Ok(object) => object,
         Err(msg) => return vec![Err(status::object(&key, ObjectState::Missing, Some(msg)))],
@@ -362,14 +356,11 @@ async fn plan_manifest(
     let (resource, namespaced) = match ctx.down.resolve(&key.api_version, &key.kind).await {
         Ok(found) => found,
         Err(e) => {
-            return vec![Err(status::object(
-                &key,
-                ObjectState::Error,
-                Some(format!("unknown kind downstream: {}", message(&e))),
-            ))];
+            let msg = downstream::unresolved(&key.api_version, &key.kind, &e);
+            return vec![Err(status::object(&key, ObjectState::Error, Some(msg)))];
         }
     };
-    ctx.drift.ensure(&resource);
+    ctx.drift.ensure_for(&resource, &owner.name);
     let one = |opts: &BundleDeploymentOptions| {
         plan::manifest(m, namespaced, opts, owner)
             .map_err(|msg| status::object(&key, ObjectState::Error, Some(msg)))

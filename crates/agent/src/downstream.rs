@@ -9,6 +9,7 @@ use kube::discovery::{self, Scope};
 use tender_runtime::ObjectKey;
 use tender_types::ObjectRef;
 
+use crate::sync::message;
 use crate::{Error, Result};
 
 /// The downstream client plus a cache of discovered resources.
@@ -58,6 +59,15 @@ impl Downstream {
         Ok(found)
     }
 
+    /// Drops the cached resource of `apiVersion`/`kind`, so the next [`resolve`](Self::resolve)
+    /// asks discovery again: after a 404 on a write, its CRD may have been removed.
+    pub(crate) fn forget(&self, api_version: &str, kind: &str) {
+        self.cache
+            .lock()
+            .expect("discovery cache")
+            .remove(&(api_version.to_string(), kind.to_string()));
+    }
+
     /// The executor's key of object `r` and a dynamic API to read it (namespaced or
     /// cluster-wide as discovered).
     pub(crate) async fn locate(&self, r: &ObjectRef) -> Result<(ObjectKey, Api<DynamicObject>)> {
@@ -68,5 +78,78 @@ impl Downstream {
             None => Api::all_with(self.client.clone(), &resource),
         };
         Ok((ObjectKey::dynamic(resource, namespace, &r.name), api))
+    }
+}
+
+/// Whether a discovery failure says the cluster does not serve the kind (its group/version
+/// answers 404, or lists no such kind), rather than that discovery could not be asked.
+pub(crate) fn not_installed(error: &Error) -> bool {
+    match error {
+        Error::Kube { source, .. } => {
+            matches!(
+                source,
+                kube::Error::Api(s) if s.code == 404
+            ) || matches!(
+                source,
+                kube::Error::Discovery(
+                    kube::error::DiscoveryError::MissingKind(_)
+                        | kube::error::DiscoveryError::MissingResource(_)
+                )
+            )
+        }
+        _ => false,
+    }
+}
+
+/// The status message for a kind that could not be resolved: `KindNotInstalled: …` when the
+/// cluster does not serve it, else why discovery failed.
+pub(crate) fn unresolved(api_version: &str, kind: &str, error: &Error) -> String {
+    if not_installed(error) {
+        format!(
+            "{}: {api_version} {kind} is not served by this cluster (install its CRD here)",
+            tender_types::conditions::reason::KIND_NOT_INSTALLED
+        )
+    } else {
+        message(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status {
+                code,
+                reason: "NotFound".into(),
+                message: "the server could not find the requested resource".into(),
+                ..Default::default()
+            }
+            .boxed(),
+        )
+    }
+
+    #[test]
+    fn only_a_missing_api_is_kind_not_installed() {
+        let missing_group = Error::kube("discover", false, api(404));
+        let missing_kind = Error::kube(
+            "discover",
+            false,
+            kube::Error::Discovery(kube::error::DiscoveryError::MissingKind("Widget".into())),
+        );
+        for e in [&missing_group, &missing_kind] {
+            let m = unresolved("example.com/v1", "Widget", e);
+            assert!(
+                m.starts_with("KindNotInstalled: example.com/v1 Widget"),
+                "{m}"
+            );
+        }
+        // The apiserver failing or refusing is not a verdict on the kind.
+        for code in [403, 500, 503] {
+            let e = Error::kube("discover", false, api(code));
+            assert!(!not_installed(&e), "{code}");
+            assert!(!unresolved("example.com/v1", "Widget", &e).starts_with("KindNotInstalled"));
+        }
     }
 }

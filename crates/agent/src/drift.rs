@@ -9,7 +9,7 @@
 //! and asks the apiserver only on a miss (an object that does not exist yet, or one somebody
 //! else owns, is not in a label-selected cache).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -27,6 +27,9 @@ use tokio::task::JoinSet;
 
 use crate::plan::{Owner, cluster_selector};
 
+/// A kind by API group and kind name.
+type KindId = (String, String);
+
 /// The cache of one kind: usable once its first list is complete.
 struct KindCache {
     store: Store<DynamicObject>,
@@ -38,7 +41,10 @@ pub(crate) struct DriftWatches {
     cluster_namespace: String,
     trigger: UnboundedSender<KubeRef<BundleDeployment>>,
     writer: Arc<Executor>,
-    caches: Mutex<HashMap<(String, String), KindCache>>,
+    caches: Arc<Mutex<HashMap<KindId, KindCache>>>,
+    /// The BundleDeployments that planned an object of each kind: re-checked when the kind
+    /// goes, also those whose objects the cache never saw.
+    users: Arc<Mutex<HashMap<KindId, BTreeSet<String>>>>,
     tasks: Mutex<JoinSet<()>>,
 }
 
@@ -55,7 +61,8 @@ impl DriftWatches {
             cluster_namespace: cluster_namespace.to_string(),
             trigger,
             writer,
-            caches: Mutex::new(HashMap::new()),
+            caches: Arc::new(Mutex::new(HashMap::new())),
+            users: Arc::new(Mutex::new(HashMap::new())),
             tasks: Mutex::new(JoinSet::new()),
         }
     }
@@ -75,6 +82,18 @@ impl DriftWatches {
         cache.store.get(&r)
     }
 
+    /// Records that BundleDeployment `owner` deploys objects of `resource`, and caches them
+    /// ([`ensure`](Self::ensure)).
+    pub(crate) fn ensure_for(&self, resource: &ApiResource, owner: &str) {
+        self.users
+            .lock()
+            .expect("drift users")
+            .entry((resource.group.clone(), resource.kind.clone()))
+            .or_default()
+            .insert(owner.to_string());
+        self.ensure(resource);
+    }
+
     /// Starts caching and watching `resource` unless already done.
     pub(crate) fn ensure(&self, resource: &ApiResource) {
         let id = (resource.group.clone(), resource.kind.clone());
@@ -85,13 +104,16 @@ impl DriftWatches {
         tracing::debug!(kind = %resource.kind, group = %resource.group, "caching downstream objects for drift");
         let writer = reflector::store::Writer::new(resource.clone());
         let ready = Arc::new(AtomicBool::new(false));
+        let store = writer.as_reader();
         caches.insert(
-            id,
+            id.clone(),
             KindCache {
-                store: writer.as_reader(),
+                store: store.clone(),
                 ready: ready.clone(),
             },
         );
+        let all_caches = self.caches.clone();
+        let users = self.users.clone();
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), resource);
         let config = watcher::Config::default().labels(&cluster_selector(&self.cluster_namespace));
         let trigger = self.trigger.clone();
@@ -102,14 +124,52 @@ impl DriftWatches {
             let mut events = reflector::reflector(writer, tender_runtime::watch::watcher(api, config))
                 .default_backoff()
                 .boxed();
+            // What the cache showed when a re-list began: a re-list drops objects deleted
+            // meanwhile (or with their CRD) without a Delete event.
+            let mut before_relist: Vec<Arc<DynamicObject>> = Vec::new();
+            let forget = |obj: &DynamicObject| {
+                memo_owner.memo().forget(&ObjectKey::dynamic(
+                    resource.clone(),
+                    obj.metadata.namespace.as_deref(),
+                    obj.metadata.name.as_deref().unwrap_or_default(),
+                ));
+            };
             while let Some(event) = events.next().await {
                 let obj = match event {
                     Ok(Event::Apply(o) | Event::InitApply(o) | Event::Delete(o)) => o,
                     Ok(Event::InitDone) => {
                         ready.store(true, Ordering::Release);
+                        for gone in vanished(&std::mem::take(&mut before_relist), &store.state()) {
+                            forget(gone);
+                            if let Some(owner) = owner_of(gone, &cluster_namespace) {
+                                let _ = trigger.unbounded_send(owner);
+                            }
+                        }
                         continue;
                     }
-                    Ok(Event::Init) => continue,
+                    Ok(Event::Init) => {
+                        before_relist = store.state();
+                        continue;
+                    }
+                    Err(error) if kind_gone(&error) => {
+                        // Its CRD was removed: the objects went with it, but no event says so
+                        // and the cache still shows them. Drop the cache (reads go to the
+                        // apiserver, a later deploy watches again) and wake their owners.
+                        tracing::warn!(kind = %resource.kind, group = %resource.group, "downstream kind no longer served; its deployments are checked again");
+                        all_caches.lock().expect("drift caches").remove(&id);
+                        for obj in store.state() {
+                            // Our last write of it is no reason to skip the next one.
+                            forget(&obj);
+                            if let Some(owner) = owner_of(&obj, &cluster_namespace) {
+                                let _ = trigger.unbounded_send(owner);
+                            }
+                        }
+                        let planned = users.lock().expect("drift users").get(&id).cloned();
+                        for name in planned.unwrap_or_default() {
+                            let _ = trigger.unbounded_send(KubeRef::new(&name).within(&cluster_namespace));
+                        }
+                        return;
+                    }
                     Err(error) => {
                         tracing::warn!(kind = %resource.kind, %error, "downstream watch failed; retrying with backoff");
                         continue;
@@ -122,23 +182,137 @@ impl DriftWatches {
                     obj.metadata.name.as_deref().unwrap_or_default(),
                 );
                 memo_owner.memo().forget(&key);
-                let is_inventory = obj
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .is_some_and(|l| l.contains_key(labels::INVENTORY));
-                let owner = obj
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(labels::OWNER_ANNOTATION))
-                    .and_then(|a| Owner::parse(a));
-                if let Some(owner) = owner.filter(|o| o.cluster_namespace == cluster_namespace)
-                    && !is_inventory
-                {
-                    let _ = trigger.unbounded_send(KubeRef::new(&owner.name).within(&cluster_namespace));
+                if let Some(owner) = owner_of(&obj, &cluster_namespace) {
+                    let _ = trigger.unbounded_send(owner);
                 }
             }
         });
+    }
+}
+
+/// The objects of `before` that `after` no longer holds (by namespace and name).
+fn vanished<'a>(
+    before: &'a [Arc<DynamicObject>],
+    after: &[Arc<DynamicObject>],
+) -> Vec<&'a DynamicObject> {
+    let id = |o: &DynamicObject| (o.metadata.namespace.clone(), o.metadata.name.clone());
+    let present: std::collections::HashSet<_> = after.iter().map(|o| id(o)).collect();
+    before
+        .iter()
+        .filter(|o| !present.contains(&id(o)))
+        .map(AsRef::as_ref)
+        .collect()
+}
+
+/// The BundleDeployment of this cluster namespace that owns `obj` (inventories own nothing).
+fn owner_of(obj: &DynamicObject, cluster_namespace: &str) -> Option<KubeRef<BundleDeployment>> {
+    let is_inventory = obj
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(labels::INVENTORY));
+    let owner = obj
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::OWNER_ANNOTATION))
+        .and_then(|a| Owner::parse(a))
+        .filter(|o| o.cluster_namespace == cluster_namespace && !is_inventory)?;
+    Some(KubeRef::new(&owner.name).within(cluster_namespace))
+}
+
+/// Whether a watch failed because the apiserver no longer serves the kind (404 on list or
+/// watch: its CRD was removed), rather than for a reason a retry may cure.
+fn kind_gone(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(e) | watcher::Error::WatchStartFailed(e) => {
+            tender_runtime::reconcile::is_not_found(e)
+        }
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16) -> kube::core::Status {
+        kube::core::Status {
+            code,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_404_on_list_or_watch_means_the_kind_is_gone() {
+        let api = |code| kube::Error::Api(status(code).boxed());
+        assert!(kind_gone(&watcher::Error::InitialListFailed(api(404))));
+        assert!(kind_gone(&watcher::Error::WatchStartFailed(api(404))));
+        assert!(kind_gone(&watcher::Error::WatchError(status(404).boxed())));
+        for code in [403, 410, 500, 503] {
+            assert!(
+                !kind_gone(&watcher::Error::InitialListFailed(api(code))),
+                "{code}"
+            );
+            assert!(
+                !kind_gone(&watcher::Error::WatchError(status(code).boxed())),
+                "{code}"
+            );
+        }
+        assert!(!kind_gone(&watcher::Error::NoResourceVersion));
+    }
+
+    #[test]
+    fn a_relist_names_the_objects_it_dropped() {
+        let cm = |ns: &str, name: &str| {
+            let mut o = DynamicObject::new(
+                name,
+                &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            );
+            o.metadata.namespace = Some(ns.into());
+            Arc::new(o)
+        };
+        let before = [cm("a", "x"), cm("a", "y"), cm("b", "x")];
+        let after = [cm("a", "x"), cm("c", "z")];
+        let gone: Vec<_> = vanished(&before, &after)
+            .iter()
+            .map(|o| {
+                (
+                    o.metadata.namespace.clone().unwrap(),
+                    o.metadata.name.clone().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(gone, [("a".into(), "y".into()), ("b".into(), "x".into())]);
+        assert!(
+            vanished(&before, &before).is_empty(),
+            "nothing dropped, nothing to do"
+        );
+    }
+
+    #[test]
+    fn objects_map_to_their_own_clusters_deployment_only() {
+        let obj = |owner: &str, inventory: bool| {
+            let mut o = DynamicObject::new(
+                "x",
+                &ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&()),
+            );
+            o.metadata.annotations =
+                Some([(labels::OWNER_ANNOTATION.to_string(), owner.to_string())].into());
+            if inventory {
+                o.metadata.labels =
+                    Some([(labels::INVENTORY.to_string(), "true".to_string())].into());
+            }
+            o
+        };
+        let mine = Owner::new("cluster-a", "app").annotation();
+        let theirs = Owner::new("cluster-b", "app").annotation();
+        assert_eq!(
+            owner_of(&obj(&mine, false), "cluster-a"),
+            Some(KubeRef::new("app").within("cluster-a"))
+        );
+        assert_eq!(owner_of(&obj(&theirs, false), "cluster-a"), None);
+        assert_eq!(owner_of(&obj(&mine, true), "cluster-a"), None);
     }
 }

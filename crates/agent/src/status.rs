@@ -88,8 +88,11 @@ fn short(id: &str) -> &str {
 }
 
 /// Reasons an object's error message may start with (`Reason: ...`), which then become the
-/// `Deployed` reason instead of `ApplyFailed`: a chart that cannot be rendered.
-const SPECIFIC_ERRORS: [&str; 7] = [
+/// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
+/// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered.
+const SPECIFIC_ERRORS: [&str; 9] = [
+    reason::KIND_NOT_INSTALLED,
+    reason::NAMESPACE_TERMINATING,
     reason::CHART_REPOSITORY_UNREACHABLE,
     reason::CHART_AUTH_FAILED,
     reason::CHART_VERSION_NOT_FOUND,
@@ -99,7 +102,8 @@ const SPECIFIC_ERRORS: [&str; 7] = [
     reason::VALUES_INVALID,
 ];
 
-fn error_reason(errors: &[&ObjectStatus]) -> &'static str {
+/// The first specific reason among `errors`' messages, else `fallback`.
+fn error_reason(errors: &[&ObjectStatus], fallback: &'static str) -> &'static str {
     errors
         .iter()
         .filter_map(|s| s.message.as_deref())
@@ -110,7 +114,7 @@ fn error_reason(errors: &[&ObjectStatus]) -> &'static str {
             })
         })
         .copied()
-        .unwrap_or(reason::APPLY_FAILED)
+        .unwrap_or(fallback)
 }
 
 /// The status to write, starting from `prev` (conditions keep their transition times).
@@ -172,20 +176,10 @@ pub fn compute(
             &summarize(&copy_conflicts),
         );
     } else if !copy_errors.is_empty() {
-        // A copied object whose kind the downstream cluster does not serve has its own reason.
-        let not_installed = copy_errors.iter().any(|s| {
-            s.message
-                .as_deref()
-                .is_some_and(|m| m.starts_with(reason::KIND_NOT_INSTALLED))
-        });
         set(
             TYPE_RESOURCES_COPIED,
             false,
-            if not_installed {
-                reason::KIND_NOT_INSTALLED
-            } else {
-                reason::COPY_FAILED
-            },
+            error_reason(&copy_errors, reason::COPY_FAILED),
             &summarize(&copy_errors),
         );
     } else if !copy_refused.is_empty() {
@@ -247,11 +241,14 @@ pub fn compute(
     } else if !copy_errors.is_empty() || !with_state(&o.copies, &[ObjectState::Missing]).is_empty()
     {
         (
-            reason::COPY_FAILED,
+            error_reason(&copy_errors, reason::COPY_FAILED),
             "waiting for every copy to be in place before applying manifests".to_string(),
         )
     } else if !errors.is_empty() {
-        (error_reason(&errors), summarize(&errors))
+        (
+            error_reason(&errors, reason::APPLY_FAILED),
+            summarize(&errors),
+        )
     } else {
         (
             reason::WAIT_APPLIED,
@@ -268,6 +265,15 @@ pub fn compute(
         Vec::new()
     };
     let not_ready = with_state(&all, &[ObjectState::NotReady]);
+    let failed_after_apply: Vec<&ObjectStatus> = if applied {
+        errors
+            .iter()
+            .copied()
+            .filter(|s| s.state == ObjectState::Error)
+            .collect()
+    } else {
+        Vec::new()
+    };
     let (ready, ready_reason, ready_message, display) = if !applied {
         let display = match deployed_reason {
             reason::PAUSED => "Paused",
@@ -281,6 +287,14 @@ pub fn compute(
             reason::REFUSED_BY_POLICY,
             summarize(&refused),
             "RefusedByPolicy",
+        )
+    } else if !failed_after_apply.is_empty() {
+        // Applied once, failing now (e.g. its CRD removed downstream): not Ready, and why.
+        (
+            false,
+            error_reason(&failed_after_apply, reason::APPLY_FAILED),
+            summarize(&failed_after_apply),
+            "ErrApplied",
         )
     } else if !modified.is_empty() || !missing_after_apply.is_empty() {
         let mut drifted = modified.clone();
@@ -378,6 +392,51 @@ mod tests {
         let c = find_condition(&s.conditions, TYPE_RESOURCES_COPIED).unwrap();
         assert_eq!(c.reason, reason::REFUSED_BY_POLICY);
         assert!(is_true(&s.conditions, TYPE_DEPLOYED));
+    }
+
+    #[test]
+    fn a_kind_not_installed_or_a_terminating_namespace_is_its_own_reason() {
+        let msg = |why: &str| Some(format!("{why}: detail"));
+        // A manifest: the Deployed and Ready reason; the other objects keep their state.
+        for why in [reason::KIND_NOT_INSTALLED, reason::NAMESPACE_TERMINATING] {
+            let mut o = outcome(false);
+            o.manifests.push(obj("Widget", "w", ObjectState::Error));
+            o.manifests[1].message = msg(why);
+            let s = compute(None, &o, at(1));
+            let c = |t: &str| find_condition(&s.conditions, t).unwrap().clone();
+            assert_eq!(c(TYPE_DEPLOYED).reason, why);
+            assert_eq!(c(TYPE_READY).reason, why);
+            assert!(
+                c(TYPE_READY).message.contains("Widget apps/w: "),
+                "{:?}",
+                c(TYPE_READY)
+            );
+            assert!(is_true(&s.conditions, TYPE_RESOURCES_COPIED));
+            assert_eq!(s.resources[1].state, ObjectState::Ready, "app stays Ready");
+        }
+        // Applied before, failing now (its CRD removed): Ready says why, Deployed stays.
+        let mut o = outcome(true);
+        o.manifests.push(obj("Widget", "w", ObjectState::Error));
+        o.manifests[1].message = msg(reason::KIND_NOT_INSTALLED);
+        let s = compute(None, &o, at(1));
+        let c = |t: &str| find_condition(&s.conditions, t).unwrap().clone();
+        assert!(is_true(&s.conditions, TYPE_DEPLOYED));
+        assert_eq!(c(TYPE_READY).reason, reason::KIND_NOT_INSTALLED);
+        assert_eq!(s.display.as_ref().unwrap().state, "ErrApplied");
+        // A copy: ResourcesCopied and Deployed say why the manifests wait.
+        let mut o = outcome(false);
+        o.copies[0].state = ObjectState::Error;
+        o.copies[0].message = msg(reason::NAMESPACE_TERMINATING);
+        let s = compute(None, &o, at(1));
+        let c = |t: &str| find_condition(&s.conditions, t).unwrap().reason.clone();
+        assert_eq!(c(TYPE_RESOURCES_COPIED), reason::NAMESPACE_TERMINATING);
+        assert_eq!(c(TYPE_DEPLOYED), reason::NAMESPACE_TERMINATING);
+        // Any other error stays ApplyFailed / CopyFailed.
+        o.copies[0].message = Some("cannot apply: Invalid".into());
+        let s = compute(None, &o, at(1));
+        let c = |t: &str| find_condition(&s.conditions, t).unwrap().reason.clone();
+        assert_eq!(c(TYPE_RESOURCES_COPIED), reason::COPY_FAILED);
+        assert_eq!(c(TYPE_DEPLOYED), reason::COPY_FAILED);
     }
 
     fn outcome(applied: bool) -> Outcome {

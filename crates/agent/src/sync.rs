@@ -4,11 +4,14 @@
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
 use serde_json::Value;
-use tender_runtime::reconcile::error_text;
-use tender_runtime::{Op, ReconcileError};
+use tender_runtime::reconcile::{error_text, is_not_found};
+use tender_runtime::{ObjectKey, Op, ReconcileError};
 use tender_types::{ObjectRef, ObjectState, ObjectStatus};
 
+use tender_types::conditions::reason;
+
 use crate::context::Context;
+use crate::downstream;
 use crate::plan::{self, Desired, Mode, ObjectPlan, Owner};
 use crate::status::{self, describe};
 
@@ -24,14 +27,17 @@ pub(crate) async fn sync_object(
     let error = |msg: String| status::object(&d.key, ObjectState::Error, Some(msg));
     let (key, api) = match ctx.down.locate(&d.key).await {
         Ok(x) => x,
-        Err(e) => return error(message(&e)),
+        Err(e) => return error(downstream::unresolved(&d.key.api_version, &d.key.kind, &e)),
     };
     // Observe: the cache of managed objects, else the apiserver (absent, or not ours).
     let live = match ctx.drift.cached(&key) {
         Some(cached) => Some(serde_json::to_value(cached.as_ref()).unwrap_or_default()),
         None => match api.get_opt(&d.key.name).await {
             Ok(live) => live.map(|o| serde_json::to_value(o).unwrap_or_default()),
-            Err(e) => return error(format!("cannot read: {}", error_text(&e, key.is_secret()))),
+            Err(e) => {
+                let msg = format!("cannot read: {}", error_text(&e, key.is_secret()));
+                return error(unless_gone(ctx, d, &key, is_not_found(&e), msg).await);
+            }
         },
     };
     let (ops, corrects_drift) = match plan::object_plan(d, &key, live.as_ref(), owner, mode) {
@@ -63,7 +69,7 @@ pub(crate) async fn sync_object(
                     .map(|o| serde_json::to_value(o).unwrap_or_default())
                     .or(applied);
             }
-            Err(e) => return error(message(&e)),
+            Err(e) => return error(unless_gone(ctx, d, &key, e.is_not_found(), message(&e)).await),
         }
     }
     if corrects_drift {
@@ -76,6 +82,29 @@ pub(crate) async fn sync_object(
     // on what the cache shows.
     let (state, message) = plan::applied_state(applied.as_ref().or(live.as_ref()));
     status::object(&d.key, state, message)
+}
+
+/// `msg`, unless the request failed with a 404 because the kind is no longer served (its CRD
+/// removed): then discovery is asked again and the message says `KindNotInstalled`.
+async fn unless_gone(
+    ctx: &Context,
+    d: &Desired,
+    key: &ObjectKey,
+    not_found: bool,
+    msg: String,
+) -> String {
+    if !not_found {
+        return msg;
+    }
+    ctx.down.forget(&d.key.api_version, &d.key.kind);
+    match ctx.down.resolve(&d.key.api_version, &d.key.kind).await {
+        Err(gone) if downstream::not_installed(&gone) => {
+            // The object went with its kind: our last write of it must not skip the next.
+            ctx.down_writer.memo().forget(key);
+            downstream::unresolved(&d.key.api_version, &d.key.kind, &gone)
+        }
+        _ => msg,
+    }
 }
 
 /// What `tender_agent_objects_written_total` counts for an operation that wrote.
@@ -93,9 +122,10 @@ fn action(op: &Op) -> &'static [&'static str] {
 pub(crate) async fn ensure_namespace(ctx: &Context, ns: &str) -> Result<(), String> {
     let api: Api<Namespace> = Api::all(ctx.down.client.clone());
     match api.get_opt(ns).await {
-        Ok(Some(n)) if n.metadata.deletion_timestamp.is_some() => {
-            Err(format!("namespace {ns} is being deleted downstream"))
-        }
+        Ok(Some(n)) if n.metadata.deletion_timestamp.is_some() => Err(format!(
+            "{}: namespace {ns} is being deleted downstream; its objects wait until it is gone",
+            reason::NAMESPACE_TERMINATING
+        )),
         Ok(Some(_)) => Ok(()),
         Ok(None) => {
             ctx.metrics.written("apply", "Namespace");

@@ -75,7 +75,9 @@ impl ReconcileError {
     /// binaries, documented in docs/troubleshooting.md.
     pub fn reason(&self) -> &'static str {
         match self {
+            Self::Kube { source, .. } if is_too_large(source) => "TooLarge",
             Self::Kube { source, .. } => kube_reason(source),
+            Self::Redacted { code: 413, .. } => "TooLarge",
             Self::Redacted { code, .. } => code_reason(*code),
             Self::Finalizer { source, .. } => match source.as_ref() {
                 finalizer::Error::ApplyFailed(e) | finalizer::Error::CleanupFailed(e) => e.reason(),
@@ -85,6 +87,11 @@ impl ReconcileError {
             Self::CacheSync(_) => "CacheSync",
             Self::Config(_) => "InvalidConfig",
         }
+    }
+
+    /// Whether the apiserver refused to store the object for its size ([`is_too_large`]).
+    pub fn is_too_large(&self) -> bool {
+        self.reason() == "TooLarge"
     }
 
     /// Whether the apiserver answered 404.
@@ -98,6 +105,14 @@ impl ReconcileError {
             _ => false,
         }
     }
+}
+
+/// Whether the apiserver refused to store an object for its size: 413, or the storage's
+/// "request is too large" that kube-apiserver passes on for a server-side apply (a 500).
+pub fn is_too_large(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == 413
+        || s.message.contains("request is too large")
+        || s.message.contains("larger than max"))
 }
 
 /// The reason word for a client error.
@@ -196,6 +211,24 @@ mod tests {
         };
         assert_eq!(nested.reason(), "Forbidden");
         assert_eq!(ReconcileError::CacheSync("x").reason(), "CacheSync");
+        // Too large for the apiserver's storage: 413, or etcd's limit passed on as a 500.
+        let etcd = api(500, "InternalError", "etcdserver: request is too large");
+        assert!(is_too_large(&etcd));
+        assert_eq!(ReconcileError::kube("x", false, etcd).reason(), "TooLarge");
+        assert!(is_too_large(&api(
+            413,
+            "RequestEntityTooLarge",
+            "limit is 3145728"
+        )));
+        assert_eq!(
+            ReconcileError::kube("x", true, api(413, "RequestEntityTooLarge", "m")).reason(),
+            "TooLarge"
+        );
+        assert!(!is_too_large(&api(
+            500,
+            "InternalError",
+            "etcdserver: timeout"
+        )));
         assert_eq!(ReconcileError::Config("x".into()).reason(), "InvalidConfig");
     }
 }

@@ -50,8 +50,13 @@ pub mod reason {
     pub const UNSUPPORTED_KIND: &str = "UnsupportedKind";
     /// A downstreamResources entry names a kind the hub operator does not allow (`--copyable-kinds`).
     pub const KIND_NOT_ALLOWED: &str = "KindNotAllowed";
-    /// A copied object's kind is not installed on the downstream cluster (no such API there).
+    /// A copied object's or a manifest's kind is not served by the downstream cluster (no such
+    /// API there, or its CRD was removed).
     pub const KIND_NOT_INSTALLED: &str = "KindNotInstalled";
+    /// A downstream namespace objects should land in is being deleted (stuck on a finalizer).
+    pub const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
+    /// A BundleDeployment would be larger than the hub's apiserver stores; it is not written.
+    pub const TOO_LARGE: &str = "TooLarge";
     /// The chart repository or registry could not be reached, or has no such chart (404).
     pub const CHART_REPOSITORY_UNREACHABLE: &str = "ChartRepositoryUnreachable";
     /// The chart repository or registry refused the credentials (401/403).

@@ -72,6 +72,9 @@ struct ClusterWrites {
     created: bool,
     updated: bool,
     copies: usize,
+    /// The cluster, when the apiserver refused its BundleDeployment for its size (nothing
+    /// else was written for it).
+    too_large: Option<String>,
 }
 
 async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
@@ -164,6 +167,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                 .await;
             for result in results {
                 let w = result?;
+                facts.too_large.extend(w.too_large);
                 created += usize::from(w.created);
                 updated += usize::from(w.updated);
                 copies += w.copies;
@@ -202,6 +206,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
             facts.summary = summarize(plan.matched.len(), current);
             facts.missing = plan.missing.into_iter().collect();
             facts.unsupported = plan.unsupported.into_iter().collect();
+            facts.too_large.sort();
             facts.copy_disabled = plan.copy_disabled;
             facts.copies = plan.copies;
         }
@@ -284,7 +289,15 @@ async fn write_cluster(
             uid
         }
         DeploymentStep::Write(op) => {
-            let outcome = ctx.exec.execute(*op).await?;
+            let outcome = match ctx.exec.execute(*op).await {
+                // Reported on the Bundle (`TooLarge`); retrying cannot help until it changes.
+                Err(e) if e.is_too_large() => {
+                    tracing::warn!(bundle = %name, namespace = %desired.namespace, %e, "BundleDeployment too large to store");
+                    writes.too_large = Some(desired.cluster.clone());
+                    return Ok(writes);
+                }
+                other => other?,
+            };
             if outcome.wrote {
                 ctx.hub.bundle_deployments_written.inc();
                 writes.created = live.is_none();

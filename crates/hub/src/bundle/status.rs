@@ -31,16 +31,30 @@ pub fn classify(bd: &BundleDeployment) -> DeploymentState {
     if status.applied_deployment_id.is_none() && status.conditions.is_empty() {
         return DeploymentState::Pending;
     }
-    let failed = |type_| {
-        find_condition(&status.conditions, type_).is_some_and(|c| {
-            c.status == "False"
-                && matches!(
-                    c.reason.as_str(),
-                    reason::APPLY_FAILED | reason::COPY_FAILED | reason::CONFLICT
-                )
-        })
-    };
-    if failed(TYPE_DEPLOYED) || failed(TYPE_RESOURCES_COPIED) {
+    // Any reason the agent gives for not deploying but waiting or pausing is a failure
+    // (ApplyFailed, Conflict, KindNotInstalled, NamespaceTerminating, a chart's, ...).
+    let not_deployed = find_condition(&status.conditions, TYPE_DEPLOYED).is_some_and(|c| {
+        c.status == "False" && !matches!(c.reason.as_str(), reason::WAIT_APPLIED | reason::PAUSED)
+    });
+    let copy_failed = find_condition(&status.conditions, TYPE_RESOURCES_COPIED).is_some_and(|c| {
+        c.status == "False"
+            && matches!(
+                c.reason.as_str(),
+                reason::COPY_FAILED
+                    | reason::CONFLICT
+                    | reason::KIND_NOT_INSTALLED
+                    | reason::NAMESPACE_TERMINATING
+            )
+    });
+    // Applied once, an object failing since (its CRD removed downstream, ...).
+    let failing = find_condition(&status.conditions, TYPE_READY).is_some_and(|c| {
+        c.status == "False"
+            && matches!(
+                c.reason.as_str(),
+                reason::APPLY_FAILED | reason::KIND_NOT_INSTALLED | reason::NAMESPACE_TERMINATING
+            )
+    });
+    if not_deployed || copy_failed || failing {
         return DeploymentState::ErrApplied;
     }
     if status.applied_deployment_id.as_deref() != Some(bd.spec.deployment_id.as_str()) {
@@ -115,6 +129,8 @@ pub struct BundleFacts {
     pub missing: Vec<String>,
     /// Unsupported entries (`Kind/name`), sorted.
     pub unsupported: Vec<String>,
+    /// Clusters whose BundleDeployment the apiserver refused to store for its size, sorted.
+    pub too_large: Vec<String>,
     /// `downstreamResources` set but the copy feature is off.
     pub copy_disabled: bool,
     /// Number of copies in place or written.
@@ -199,6 +215,16 @@ pub fn bundle_status(
         )
     } else if copy_reason == reason::SOURCE_NOT_FOUND || copy_reason == reason::KIND_NOT_ALLOWED {
         (false, copy_reason, copy_message.clone(), "SourceNotFound")
+    } else if !facts.too_large.is_empty() {
+        (
+            false,
+            reason::TOO_LARGE,
+            format!(
+                "the BundleDeployment for {} is larger than the hub's apiserver stores; what was deployed before stays: make the Bundle smaller or split it",
+                facts.too_large.join(", ")
+            ),
+            "TooLarge",
+        )
     } else if facts.paused {
         (
             false,
@@ -309,6 +335,51 @@ mod tests {
             )),
             DeploymentState::ErrApplied
         );
+        // Every specific reason of the agent is a failure; waiting and pausing are not.
+        for (type_, why, state) in [
+            (
+                TYPE_DEPLOYED,
+                reason::KIND_NOT_INSTALLED,
+                DeploymentState::ErrApplied,
+            ),
+            (
+                TYPE_DEPLOYED,
+                reason::NAMESPACE_TERMINATING,
+                DeploymentState::ErrApplied,
+            ),
+            (
+                TYPE_DEPLOYED,
+                reason::CHART_RENDER_FAILED,
+                DeploymentState::ErrApplied,
+            ),
+            (
+                TYPE_RESOURCES_COPIED,
+                reason::KIND_NOT_INSTALLED,
+                DeploymentState::ErrApplied,
+            ),
+            (
+                TYPE_DEPLOYED,
+                reason::WAIT_APPLIED,
+                DeploymentState::WaitApplied,
+            ),
+            (TYPE_DEPLOYED, reason::PAUSED, DeploymentState::WaitApplied),
+            (
+                TYPE_RESOURCES_COPIED,
+                reason::REFUSED_BY_POLICY,
+                DeploymentState::WaitApplied,
+            ),
+            (
+                TYPE_READY,
+                reason::KIND_NOT_INSTALLED,
+                DeploymentState::ErrApplied,
+            ),
+        ] {
+            assert_eq!(
+                classify(&bd("b", reported("a", vec![cond(type_, false, why)]))),
+                state,
+                "{type_}={why}"
+            );
+        }
         let mut modified = reported("a", vec![cond(TYPE_READY, true, "Ready")]);
         modified.as_mut().unwrap().modified = vec![ObjectRef::default()];
         assert_eq!(classify(&bd("a", modified)), DeploymentState::Modified);
@@ -400,6 +471,17 @@ mod tests {
         let mut paused = facts(2, 1);
         paused.paused = true;
         assert_eq!(get(&paused).0.reason, reason::PAUSED);
+
+        let mut too_large = facts(2, 1);
+        too_large.too_large = vec!["east".into()];
+        too_large.paused = true;
+        let (ready, _) = get(&too_large);
+        assert_eq!(
+            ready.reason,
+            reason::TOO_LARGE,
+            "before paused: nothing can roll out"
+        );
+        assert!(ready.message.contains("east"), "{}", ready.message);
 
         let (ready, copied) = get(&facts(2, 1));
         assert_eq!(ready.reason, reason::WAIT_APPLIED);
