@@ -55,7 +55,12 @@ pub(crate) fn report_ops(
         fingerprint: None,
     });
     let mut events = Vec::new();
-    if new.applied_deployment_id != prev.and_then(|p| p.applied_deployment_id.clone()) {
+    // The first deployment only: a redeploy (a rotation) shows in `appliedDeploymentID`, and an
+    // Event per cluster per rotation would double the hub writes of a rotation (decision 55).
+    let first_applied = prev
+        .and_then(|p| p.applied_deployment_id.as_ref())
+        .is_none();
+    if first_applied && new.applied_deployment_id.is_some() {
         events.push((
             EventType::Normal,
             "Deployed",
@@ -166,6 +171,17 @@ mod tests {
             ObjectKey::of::<BundleDeployment>(Some("cluster-ws-c1-12345678"), "app")
         );
         assert_eq!(apply.body["status"], serde_json::to_value(&new).unwrap());
+    }
+
+    #[test]
+    fn a_redeploy_writes_status_without_an_event() {
+        let settled = status::compute(None, &outcome(ObjectState::Ready), at(1));
+        let mut rotated = outcome(ObjectState::Ready);
+        rotated.deployment_id = "id-2".into();
+        rotated.applied_id = Some("id-2".into());
+        let new = status::compute(Some(&settled), &rotated, at(2));
+        let ops = report_ops(&bd(Some(settled)), &new, &rotated);
+        assert_eq!(reasons(&ops), ["status"]);
     }
 
     #[test]
