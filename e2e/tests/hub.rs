@@ -838,12 +838,11 @@ async fn restarted_hub_writes_nothing_for_settled_objects_and_idle_means_idle() 
     .await;
     w.bundle_condition("app", TYPE_RESOURCES_COPIED, reason::RESOURCES_COPIED)
         .await;
-    // Settled: the first hub's write count stops moving.
+    // Settled: the first hub's write count stops moving for longer than a Cluster summary
+    // waits (decision 53), so no summary write is still pending when it stops.
     let first = &w.hub;
-    settled("the first hub's writes", Duration::from_secs(2), || async {
-        first.writes()
-    })
-    .await;
+    let quiet = Duration::from_secs(2) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
+    settled("the first hub's writes", quiet, || async { first.writes() }).await;
     eprintln!(
         "[{}] first hub settled after {} writes",
         w.ws,

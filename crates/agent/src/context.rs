@@ -43,6 +43,8 @@ pub(crate) struct Context {
     pub(crate) metrics: AgentMetrics,
     /// Retry delays of BundleDeployments whose last reconcile failed, by name.
     pub(crate) retries: Mutex<HashMap<String, DefaultBackoff>>,
+    /// BundleDeployments (by name) whose hub copy is ahead of them, since when (decision 55).
+    pub(crate) copies_ahead: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Context {
@@ -92,6 +94,7 @@ impl Context {
             config,
             metrics,
             retries: Mutex::new(HashMap::new()),
+            copies_ahead: Mutex::new(HashMap::new()),
         }
     }
 }

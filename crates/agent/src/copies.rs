@@ -160,6 +160,35 @@ fn carrier_hash(carrier: &Secret) -> String {
 }
 
 impl HubCopies {
+    /// Whether the hub's copy for `entry` is ahead of the BundleDeployment: its content no
+    /// longer hashes to `entry.hash` but to its own content-hash annotation, i.e. the hub wrote
+    /// a new version and the BundleDeployment naming it follows (copies are written first).
+    pub(crate) fn ahead(&self, entry: &CopiedResource) -> bool {
+        let secret = || {
+            self.secrets
+                .get(&KubeRef::new(&entry.copy_name).within(&self.namespace))
+        };
+        let (content, annotated) = if entry.is_carried() || entry.kind == "Secret" {
+            let Some(s) = secret() else { return false };
+            let content = if entry.is_carried() {
+                carrier_hash(&s)
+            } else {
+                hash::secret_hash(&s)
+            };
+            (content, s.annotations().get(labels::CONTENT_HASH).cloned())
+        } else if entry.kind == "ConfigMap" {
+            let key = KubeRef::new(&entry.copy_name).within(&self.namespace);
+            let Some(c) = self.config_maps.get(&key) else {
+                return false;
+            };
+            let content = hash::config_map_hash(&c);
+            (content, c.annotations().get(labels::CONTENT_HASH).cloned())
+        } else {
+            return false;
+        };
+        content != entry.hash && annotated.as_deref() == Some(content.as_str())
+    }
+
     /// The Secret and ConfigMap stores (reverse sync reads its placeholders from them).
     pub(crate) fn stores(&self) -> (Store<Secret>, Store<ConfigMap>) {
         (self.secrets.clone(), self.config_maps.clone())

@@ -22,6 +22,9 @@ use crate::{Result, cleanup, downstream, policy, report};
 const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 /// The hub's copy is behind the BundleDeployment; its watch normally triggers us first.
 const COPY_WAIT: Duration = Duration::from_secs(2);
+/// How long a hub copy ahead of its BundleDeployment waits for the new BundleDeployment
+/// before the deployment reports the copy as not matching (decision 55).
+const COPY_AHEAD_GRACE: Duration = Duration::from_secs(10);
 
 /// Copy → apply → prune → status for `bd`; the action says when to look again.
 pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
@@ -43,6 +46,13 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         outcome.manifests = prev.map(|p| p.resources.clone()).unwrap_or_default();
         report::report(ctx, bd, &outcome).await?;
         return Ok(Action::await_change());
+    }
+
+    // A rotation writes the copy before the BundleDeployment, so the copy's event often comes
+    // first: wait for the BundleDeployment rather than report the copy Missing and then Ready
+    // again (a status write, its reversal and an event per rotation).
+    if waits_for_rotation(ctx, &name, pending, opts) {
+        return Ok(Action::requeue(COPY_WAIT));
     }
 
     // Observe and plan.
@@ -250,6 +260,33 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     }
     report::report(ctx, bd, &outcome).await?;
     Ok(next_look(&outcome))
+}
+
+/// Whether deployment `name`, applied as it is, should leave everything alone for now because
+/// a hub copy is ahead of it (its new BundleDeployment is on its way), for at most
+/// [`COPY_AHEAD_GRACE`]; after that it reports the copy like any other mismatch.
+fn waits_for_rotation(
+    ctx: &Context,
+    name: &str,
+    pending: bool,
+    opts: &BundleDeploymentOptions,
+) -> bool {
+    let mut ahead = ctx.copies_ahead.lock().expect("lock");
+    let copying = ctx.config.copy_resources_downstream;
+    if pending
+        || !copying
+        || !opts
+            .downstream_resources
+            .iter()
+            .any(|e| ctx.copies.ahead(e))
+    {
+        ahead.remove(name);
+        return false;
+    }
+    let since = *ahead
+        .entry(name.to_string())
+        .or_insert_with(std::time::Instant::now);
+    since.elapsed() < COPY_AHEAD_GRACE
 }
 
 /// When to reconcile again: on change only, unless a copy is still missing on the hub (soon)

@@ -7,9 +7,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
-use tender_runtime::executor::{Apply, EventOp};
+use tender_runtime::executor::{Apply, EventOp, Fingerprint};
 use tender_runtime::{ObjectKey, Op};
-use tender_types::{BundleDeployment, BundleDeploymentStatus, ObjectState};
+use tender_types::{BundleDeployment, BundleDeploymentStatus, ObjectState, hash};
 
 use crate::Result;
 use crate::context::Context;
@@ -52,10 +52,20 @@ pub(crate) fn report_ops(
             "status": new,
         }),
         replace_if_immutable: false,
-        fingerprint: None,
+        // A reconcile that runs before our last status write reached the cache (a drift event
+        // during the deploy) sees the old status and would write the same one again.
+        fingerprint: Some(Fingerprint {
+            live_version: bd.resource_version(),
+            desired: hash::value_hash(&serde_json::to_value(new).unwrap_or_default()),
+        }),
     });
     let mut events = Vec::new();
-    if new.applied_deployment_id != prev.and_then(|p| p.applied_deployment_id.clone()) {
+    // The first deployment only: a redeploy (a rotation) shows in `appliedDeploymentID`, and an
+    // Event per cluster per rotation would double the hub writes of a rotation (decision 55).
+    let first_applied = prev
+        .and_then(|p| p.applied_deployment_id.as_ref())
+        .is_none();
+    if first_applied && new.applied_deployment_id.is_some() {
         events.push((
             EventType::Normal,
             "Deployed",
@@ -166,6 +176,26 @@ mod tests {
             ObjectKey::of::<BundleDeployment>(Some("cluster-ws-c1-12345678"), "app")
         );
         assert_eq!(apply.body["status"], serde_json::to_value(&new).unwrap());
+        // Keyed in the memo by the cached version it was decided on and the status written.
+        let mut cached = bd(None);
+        cached.metadata.resource_version = Some("7".into());
+        let again = report_ops(&cached, &new, &o);
+        let Op::ApplyStatus(apply) = &again[0] else {
+            panic!("status first");
+        };
+        let fp = apply.fingerprint.as_ref().expect("a memo fingerprint");
+        assert_eq!(fp.live_version.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn a_redeploy_writes_status_without_an_event() {
+        let settled = status::compute(None, &outcome(ObjectState::Ready), at(1));
+        let mut rotated = outcome(ObjectState::Ready);
+        rotated.deployment_id = "id-2".into();
+        rotated.applied_id = Some("id-2".into());
+        let new = status::compute(Some(&settled), &rotated, at(2));
+        let ops = report_ops(&bd(Some(settled)), &new, &rotated);
+        assert_eq!(reasons(&ops), ["status"]);
     }
 
     #[test]

@@ -87,8 +87,10 @@ fn reflect_dynamic(
 ) {
     let writer = reflector::store::Writer::new(resource.clone());
     let reader = writer.as_reader();
-    let events = reflector::reflector(writer, tender_runtime::watch::watcher(api, config))
+    let stream = tender_runtime::watch::watcher(api, config)
         .default_backoff()
+        .modify(without_managed_fields);
+    let events = reflector::reflector(writer, stream)
     .filter_map(move |event| {
         let what = what.clone();
         async move {
@@ -105,14 +107,37 @@ fn reflect_dynamic(
     (reader, events)
 }
 
+/// Drops `managedFields`: no cache but the copies' reads them (decision 54).
+fn without_managed_fields<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// Keeps only what `edited_by_others` reads of a copy's `managedFields`.
+fn copy_managers<K: Resource>(obj: &mut K) {
+    crate::bundle::plan::keep_content_managers(obj.meta_mut());
+}
+
 fn reflect<K>(what: &'static str, api: Api<K>, config: watcher::Config) -> (Store<K>, Events<K>)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
+    reflect_trimmed(what, api, config, without_managed_fields)
+}
+
+fn reflect_trimmed<K>(
+    what: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+) -> (Store<K>, Events<K>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
     let (reader, writer) = reflector::store();
-    let events = reflector::reflector(writer, tender_runtime::watch::watcher(api, config))
-        .default_backoff()
+    let stream = tender_runtime::watch::watcher(api, config).default_backoff().modify(trim);
+    let events = reflector::reflector(writer, stream)
         .filter_map(move |event| async move {
             match event {
                 Ok(event) => Some(event),
@@ -151,15 +176,17 @@ pub(crate) fn caches(
         Api::<BundleDeployment>::all(client.clone()),
         in_workspaces.clone(),
     );
-    let (copy_secrets, copy_secret_events) = reflect(
+    let (copy_secrets, copy_secret_events) = reflect_trimmed(
         "copied secrets",
         Api::<PartialObjectMeta<Secret>>::all(client.clone()),
         in_workspaces.clone(),
+        copy_managers,
     );
-    let (copy_config_maps, copy_cm_events) = reflect(
+    let (copy_config_maps, copy_cm_events) = reflect_trimmed(
         "copied configmaps",
         Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
         in_workspaces.clone(),
+        copy_managers,
     );
     let (source_secrets, source_secret_events) = reflect(
         "source secrets",

@@ -112,6 +112,9 @@ pub(crate) struct Ctx {
     pub bd_names: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
     /// Reverse sync: verdicts on placeholders and the agents' upstream access applied.
     pub upstream: crate::upstream::Memo,
+    /// Clusters (workspace, name) whose status differs from the written one only by the
+    /// BundleDeployment summary, and when that summary is due (decision 53).
+    pub summary_due: Mutex<HashMap<(String, String), std::time::Instant>>,
 }
 
 /// The status write of `K` `namespace/name` (server-side apply of `new` to the status

@@ -44,6 +44,9 @@ use tender_runtime::{Health, LeaderElection, Metrics};
 /// How long after the agent's last heartbeat a Cluster is reported offline, by default.
 pub const DEFAULT_AGENT_OFFLINE_AFTER: Duration = Duration::from_secs(90);
 
+/// How long a summary-only Cluster status change waits before it is written, by default.
+pub const DEFAULT_CLUSTER_SUMMARY_DELAY: Duration = Duration::from_secs(5);
+
 /// What one hub instance does.
 #[derive(Debug, Clone)]
 pub struct HubConfig {
@@ -66,6 +69,9 @@ pub struct HubConfig {
     /// copied as themselves; every other kind travels in a carrier Secret and never comes alive
     /// on the hub.
     pub copyable_kinds: Vec<tender_types::copy::CopyableKind>,
+    /// How long a Cluster status change that only moves its BundleDeployment summary waits
+    /// before it is written, so the summary's transient states coalesce (decision 53).
+    pub cluster_summary_delay: Duration,
 }
 
 impl Default for HubConfig {
@@ -82,6 +88,7 @@ impl Default for HubConfig {
                 tender_types::copy::DEFAULT_COPYABLE_KINDS,
             )
             .expect("the default copyable kinds parse"),
+            cluster_summary_delay: DEFAULT_CLUSTER_SUMMARY_DELAY,
         }
     }
 }

@@ -47,6 +47,14 @@ struct Args {
     /// Seconds without an agent heartbeat before a Cluster is reported offline.
     #[arg(long, env = "TENDER_AGENT_OFFLINE_AFTER_SECONDS", default_value_t = 90)]
     agent_offline_after_seconds: u64,
+    /// Seconds a Cluster status change that only moves its BundleDeployment summary waits
+    /// before it is written (changes within the window coalesce into one write; 0 = at once).
+    #[arg(
+        long,
+        env = "TENDER_CLUSTER_SUMMARY_DELAY_SECONDS",
+        default_value_t = 5
+    )]
+    cluster_summary_delay_seconds: u64,
     /// Accept push-mode kubeconfigs with an exec plugin or auth-provider. Such a kubeconfig
     /// runs a command inside the hub pod, with the hub's credentials, chosen by whoever can
     /// write the Secret; see docs/push-mode.md.
@@ -108,6 +116,7 @@ async fn main() -> anyhow::Result<()> {
             identity: args.pod_name.clone(),
         }),
         agent_offline_after: std::time::Duration::from_secs(args.agent_offline_after_seconds),
+        cluster_summary_delay: std::time::Duration::from_secs(args.cluster_summary_delay_seconds),
         instance: args.pod_name,
         push: tender_hub::push::PushConfig {
             allow_kubeconfig_exec: args.allow_kubeconfig_exec,

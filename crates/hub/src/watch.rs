@@ -117,6 +117,7 @@ fn scope_controllers(
         push,
         bd_names: Default::default(),
         upstream: Default::default(),
+        summary_due: Mutex::default(),
     });
     let (feeds, inputs) = feeds(&ctx, events);
 

@@ -28,8 +28,8 @@ const FIELD_MANAGER: &str = "tender-bench-baseline";
 /// What one baseline phase cost.
 #[derive(Debug, Clone)]
 pub struct Baseline {
-    /// Seconds until the last write returned, plus the same 3 s quiet tail the hub phases
-    /// wait for (excluded from `secs`, included in `cpu`).
+    /// Seconds until the last write returned, plus the same quiet tail the hub phases wait
+    /// for (3 s + the hub's Cluster summary delay; excluded from `secs`, included in `cpu`).
     pub secs: f64,
     pub writes: u64,
     /// CPU seconds: bench, apiserver, etcd, controller-manager.
@@ -95,7 +95,7 @@ where
         .await;
     results.into_iter().collect::<kube::Result<Vec<()>>>()?;
     let secs = start.elapsed().as_secs_f64();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(3) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY).await;
     let after = cpu_now(pids);
     Ok(Baseline {
         secs,

@@ -287,12 +287,13 @@ impl Phase {
     }
 }
 
-/// Waits until the hub's write count has not moved for 3 s (at most 120 s), so a phase's
-/// figures include its trailing status writes.
+/// Waits until the hub's write count has not moved for 3 s longer than the hub delays a
+/// Cluster summary (at most 120 s), so a phase's figures include its trailing status writes.
 async fn settle(hub: &HubHandle) {
     let deadline = Instant::now() + Duration::from_secs(120);
+    let quiet = Duration::from_secs(3) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
     let (mut last, mut since) = (hub.writes(), Instant::now());
-    while since.elapsed() < Duration::from_secs(3) && Instant::now() < deadline {
+    while since.elapsed() < quiet && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let now = hub.writes();
         if now != last {

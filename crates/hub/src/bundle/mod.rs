@@ -11,7 +11,7 @@ pub mod plan;
 pub mod status;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
@@ -152,6 +152,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                 .map(|bd| (bd.namespace().unwrap_or_default(), bd.clone()))
                 .collect();
             let copies_by_ns = observe::bundle_copies(ctx, &ns, &name);
+            let fetched = Mutex::new(std::mem::take(&mut fetched));
             // Futures collected first: a closure inside the stream type trips async Send checks.
             let writes: Vec<_> = plan
                 .deployments
@@ -274,7 +275,7 @@ async fn write_cluster(
     desired: &plan::DesiredDeployment,
     snapshot: Option<&Arc<BundleDeployment>>,
     live_copies: Option<&[LiveCopy]>,
-    fetched: &HashMap<SourceKey, SourceObject>,
+    fetched: &Mutex<HashMap<SourceKey, SourceObject>>,
 ) -> Result<ClusterWrites, Error> {
     let ns = bundle.namespace().unwrap_or_default();
     let name = bundle.name_any();

@@ -1,7 +1,7 @@
 //! What a Bundle reconcile reads: the caches, and the few sources whose content it must see.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::ResourceExt;
@@ -225,19 +225,28 @@ pub(crate) async fn fetch_source(
     })
 }
 
-/// A source for a copy: the one read this reconcile, else read now (`None`: gone since
-/// planning; its deletion event re-plans the Bundle).
+/// A source for a copy: the one read this reconcile, else read now and kept for the rest of
+/// the reconcile, so a Bundle whose source another Bundle already hashed reads it once, not
+/// once per cluster (`None`: gone since planning; its deletion event re-plans the Bundle).
 pub(crate) async fn source_for_copy(
     ctx: &Ctx,
     ns: &str,
     key: &SourceKey,
-    fetched: &HashMap<SourceKey, SourceObject>,
+    fetched: &Mutex<HashMap<SourceKey, SourceObject>>,
 ) -> Result<Option<SourceObject>, Error> {
-    if let Some(s) = fetched.get(key) {
+    if let Some(s) = fetched.lock().expect("lock").get(key) {
         return Ok(Some(s.clone()));
     }
     let ns = source_namespace(ctx, ns, &key.0);
-    Ok(fetch_source(ctx, &ns, &key.0, &key.1)
+    let source = fetch_source(ctx, &ns, &key.0, &key.1)
         .await?
-        .map(|(s, _, _)| s))
+        .map(|(s, _, _)| s);
+    if let Some(s) = &source {
+        fetched
+            .lock()
+            .expect("lock")
+            .entry(key.clone())
+            .or_insert_with(|| s.clone());
+    }
+    Ok(source)
 }

@@ -7,8 +7,8 @@ mod access;
 mod status;
 
 pub use access::{AgentAccess, agent_access, upstream_access};
-use status::status_key;
 pub use status::{cluster_status, last_heartbeat};
+use status::{status_key, summary_wait};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -292,19 +292,37 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         .filter(|bd| bd.metadata.deletion_timestamp.is_none())
         .collect();
     let summary = summarize(bds.len(), bds.iter().map(AsRef::as_ref));
-    let (status, recheck) = cluster_status(
-        cluster.status.as_ref(),
-        &ns_name,
-        heartbeat,
-        summary,
-        cluster.spec.paused,
-        push.as_ref(),
-        cluster.metadata.generation,
-        Timestamp::now(),
-        ctx.config.agent_offline_after,
-    );
+    let now = Timestamp::now();
+    let status_with = |summary| {
+        cluster_status(
+            cluster.status.as_ref(),
+            &ns_name,
+            heartbeat,
+            summary,
+            cluster.spec.paused,
+            push.as_ref(),
+            cluster.metadata.generation,
+            now,
+            ctx.config.agent_offline_after,
+        )
+    };
+    let written_summary = cluster.status.as_ref().and_then(|s| s.summary.clone());
+    let (status, recheck) = status_with(summary);
     let desired = status_key(&status);
     let unchanged = cluster.status.as_ref() == Some(&status);
+    // A change that only moves the summary waits (decision 53): transient BundleDeployment
+    // states (a rotation's WaitApplied, a fan-out's arrivals) coalesce into one write, or none
+    // when the summary is back where it was.
+    let summary_only = !unchanged
+        && written_summary.is_some_and(|old| {
+            let (held, _) = status_with(old);
+            cluster.status.as_ref().map(status_key) == Some(status_key(&held))
+        });
+    let due = summary_due(ctx, (workspace.clone(), name.clone()), summary_only);
+    if let Some(wait) = due {
+        let wait = recheck.map_or(wait, |r| r.min(wait));
+        return Ok(Action::requeue(wait));
+    }
     let mut ours = status;
     ours.agent = None; // the agent's field: never written by the hub
     // `old` is what the hub's own fields would be if nothing changed (the agent's are not ours).
@@ -320,12 +338,20 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     Ok(recheck.map_or_else(Action::await_change, Action::requeue))
 }
 
+/// How long a summary-only status change of Cluster `key` still waits (`None`: write now).
+fn summary_due(ctx: &Ctx, key: (String, String), summary_only: bool) -> Option<Duration> {
+    let mut due = ctx.summary_due.lock().expect("lock");
+    let delay = summary_only.then_some(ctx.config.cluster_summary_delay);
+    summary_wait(&mut due, key, delay, std::time::Instant::now())
+}
+
 /// Works without an agent: see [`cleanup_ops`].
 async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let ns_name = names::cluster_namespace(&workspace, &name);
     ctx.push.stop(&ObjectRef::from_obj(cluster));
+    summary_due(ctx, (workspace.clone(), name.clone()), false);
     ctx.provisioned
         .lock()
         .expect("lock")

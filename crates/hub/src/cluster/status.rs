@@ -1,6 +1,6 @@
 //! A Cluster's status as the hub writes it: heartbeat, connectivity, summary (pure).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -167,6 +167,28 @@ pub(super) fn status_key(status: &ClusterStatus) -> String {
     hash::value_hash(&value)
 }
 
+/// How long a pending summary-only change still waits, given when each pending one is due
+/// (`due`, by cluster): `delay` is `Some` for a summary-only change. The first sight of one
+/// starts its clock; once due, or when the change is of another kind (or gone), the entry is
+/// cleared and `None` means write now (or nothing to wait for). Pure.
+pub(super) fn summary_wait<K: std::hash::Hash + Eq + Clone>(
+    due: &mut std::collections::HashMap<K, Instant>,
+    key: K,
+    delay: Option<Duration>,
+    now: Instant,
+) -> Option<Duration> {
+    let Some(delay) = delay.filter(|d| !d.is_zero()) else {
+        due.remove(&key);
+        return None;
+    };
+    let at = *due.entry(key.clone()).or_insert(now + delay);
+    if at <= now {
+        due.remove(&key);
+        return None;
+    }
+    Some(at - now)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +204,37 @@ mod tests {
             wait_applied: desired - ready,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_summary_only_change_waits_once_then_is_written() {
+        let mut due = std::collections::HashMap::new();
+        let t0 = Instant::now();
+        let delay = Some(Duration::from_secs(5));
+        assert_eq!(
+            summary_wait(&mut due, "c", delay, t0),
+            Some(Duration::from_secs(5))
+        );
+        // Later reconciles keep the first clock: they do not push the write further away.
+        assert_eq!(
+            summary_wait(&mut due, "c", delay, t0 + Duration::from_secs(3)),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            summary_wait(&mut due, "c", delay, t0 + Duration::from_secs(5)),
+            None
+        );
+        assert!(due.is_empty(), "written: the clock is cleared");
+        // The summary went back (or another change is written at once): the clock is cleared.
+        summary_wait(&mut due, "c", delay, t0);
+        assert_eq!(
+            summary_wait(&mut due, "c", None, t0 + Duration::from_secs(1)),
+            None
+        );
+        assert!(due.is_empty());
+        // A zero delay writes at once.
+        assert_eq!(summary_wait(&mut due, "c", Some(Duration::ZERO), t0), None);
+        assert!(due.is_empty());
     }
 
     #[test]
