@@ -136,7 +136,9 @@ where
     K::DynamicType: Default + Eq + Hash + Clone,
 {
     let (reader, writer) = reflector::store();
-    let stream = tender_runtime::watch::watcher(api, config).default_backoff().modify(trim);
+    let stream = tender_runtime::watch::watcher(api, config)
+        .default_backoff()
+        .modify(trim);
     let events = reflector::reflector(writer, stream)
         .filter_map(move |event| async move {
             match event {
