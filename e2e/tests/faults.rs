@@ -27,6 +27,9 @@ use tender_types::{BundleDeployment, Cluster, labels, names};
 
 /// How long a fault test waits for convergence after a fault (generous: 500 clusters on 2
 /// shared cores, namespaces deleted by the controller-manager).
+/// Long enough for a delayed Cluster summary write (decision 53) to have happened.
+const QUIET: Duration =
+    Duration::from_secs(3 + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY.as_secs());
 const CONVERGE: Duration = Duration::from_secs(300);
 
 /// The tests take turns: each starts its own environment and restarts its components.
@@ -468,7 +471,7 @@ async fn the_hub_sigkilled_during_a_fan_out_converges_to_exactly_the_right_objec
     }
 
     // Idle after all of it: no write at all, no refusal in its log.
-    let writes = settled("the hub's writes", Duration::from_secs(3), || hub.writes()).await;
+    let writes = settled("the hub's writes", QUIET, || hub.writes()).await;
     stays(
         "the idle hub's writes",
         Duration::from_secs(5),
@@ -854,10 +857,7 @@ async fn two_hub_replicas_fail_over_within_the_lease_without_write_fights() {
         "takeover after {takeover:?}, lease duration {LEASE_DURATION_SECONDS} s"
     );
     // Its caches were warm: taking over a converged workspace costs (almost) no write.
-    let takeover_writes = settled("the new leader's writes", Duration::from_secs(3), || {
-        b.writes()
-    })
-    .await;
+    let takeover_writes = settled("the new leader's writes", QUIET, || b.writes()).await;
     // The old leader comes back (a container restart): a standby now.
     a.restart().await;
     ws.source_secret("db-creds", &[("password", "v2")]).await;
@@ -871,10 +871,7 @@ async fn two_hub_replicas_fail_over_within_the_lease_without_write_fights() {
     )
     .await;
     let processed = changed.elapsed();
-    let b_writes = settled("the new leader's writes", Duration::from_secs(3), || {
-        b.writes()
-    })
-    .await;
+    let b_writes = settled("the new leader's writes", QUIET, || b.writes()).await;
     assert!(
         b_writes >= takeover_writes + 2 * n as u64,
         "the new leader rotated the copies"
