@@ -55,4 +55,6 @@ pub mod fixture;
 pub mod hub_harness;
 pub mod kyverno;
 pub mod local_pod;
+/// Peers for `tender-bench --peers` (Flux, Kyverno): build recipes and CRDs.
+pub mod peers;
 pub mod proxy;
