@@ -949,7 +949,12 @@ async fn main() -> Result<()> {
     }
     if !args.peers.is_empty() {
         let figures = peers::run(&args.peers, args.targets, &args).await?;
-        return write_json(figures);
+        let failed = figures["failed"].clone();
+        write_json(figures)?;
+        if failed.as_array().is_some_and(|f| !f.is_empty()) {
+            bail!("peers failed: {failed}");
+        }
+        return Ok(());
     }
     let mut sizes = Vec::new();
     for &n in &args.clusters {

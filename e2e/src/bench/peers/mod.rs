@@ -37,13 +37,29 @@ pub async fn run(peers: &[String], n: usize, args: &Args) -> Result<Value> {
     let mut out = serde_json::Map::new();
     out.insert("targets".into(), json!(n));
     for peer in peers {
-        let figures = match peer.as_str() {
-            "flux" => flux::run(n, args).await?,
-            "kyverno" => kyverno::run(n, args).await?,
-            other => bail!("unknown peer {other:?} (known: flux, kyverno)"),
-        };
-        out.insert(peer.clone(), figures);
+        if !["flux", "kyverno"].contains(&peer.as_str()) {
+            bail!("unknown peer {peer:?} (known: flux, kyverno)");
+        }
     }
+    let mut failed = Vec::new();
+    for peer in peers {
+        let figures = match peer.as_str() {
+            "flux" => flux::run(n, args).await,
+            _ => kyverno::run(n, args).await,
+        };
+        // A peer that fails is recorded (and the run fails at the end), the next one still runs.
+        match figures {
+            Ok(figures) => {
+                out.insert(peer.clone(), figures);
+            }
+            Err(e) => {
+                eprintln!("{peer} failed: {e:#}");
+                out.insert(peer.clone(), json!({"error": format!("{e:#}")}));
+                failed.push(peer.clone());
+            }
+        }
+    }
+    out.insert("failed".into(), json!(failed));
     Ok(Value::Object(out))
 }
 
@@ -239,7 +255,9 @@ impl Side<'_> {
 
     /// `rotations` rotations one after the other, each started by `rotate(version)` (the
     /// source write) and done when every copy carries that version; 1 s between rotations.
-    /// Returns latencies (ms), per-rotation times to the last copy (s) and copies missed.
+    /// Returns latencies (ms), per-rotation times to the last copy seen (s) and the copies
+    /// that did not carry their rotation within `timeout` (then the time to the last copy is
+    /// the time to the last one that did).
     pub async fn rotate<F, Fut>(
         &self,
         rotations: u32,
@@ -271,15 +289,16 @@ impl Side<'_> {
             self.name,
             last.iter().copied().fold(0.0, f64::max)
         );
+        // A copy that missed a rotation is recorded, not fatal: it is a finding about the side.
         if missing > 0 {
-            bail!(
-                "{}: {missing} copies never carried their rotation",
+            eprintln!(
+                "{}: {missing} copies did not carry their rotation within {timeout:?}",
                 self.name
             );
         }
         Ok(
             json!({"rotations": rotations, "latency": p, "last_copy_s": last,
-                  "last_copy_mean_s": mean_last}),
+                  "last_copy_mean_s": mean_last, "missing": missing}),
         )
     }
 }
