@@ -105,9 +105,35 @@ pub fn ensure_oci_registry() -> Result<PathBuf> {
     ensure_go_binary(&dir, ".", "oci-registry", "-s -w", "the OCI registry")
 }
 
+/// The directory of Go module `module@version`, downloaded into Go's module cache if needed
+/// (`go mod download -json`, run in the tools module `tools`; it edits neither go.mod nor
+/// go.sum there).
+pub fn go_module_dir(tools: &Path, module: &str, version: &str) -> Result<PathBuf> {
+    let out = Command::new("go")
+        .current_dir(tools)
+        .args(["mod", "download", "-json"])
+        .arg(format!("{module}@{version}"))
+        .output()
+        .context("running `go mod download`: is Go installed and on PATH?")?;
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "`go mod download` of {module} {version} printed no JSON: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    if let Some(error) = info.get("Error").and_then(|e| e.as_str()) {
+        bail!("`go mod download` of {module} {version} failed: {error}");
+    }
+    let dir = info
+        .get("Dir")
+        .and_then(|d| d.as_str())
+        .context("`go mod download -json` printed no Dir")?;
+    Ok(PathBuf::from(dir))
+}
+
 /// Builds `package` of the Go module in `src` into the cache, keyed by the module's stamp.
 #[allow(unsafe_code)] // libc calls, each with a SAFETY comment
-fn ensure_go_binary(
+pub(crate) fn ensure_go_binary(
     src: &Path,
     package: &str,
     name: &str,

@@ -6,9 +6,8 @@
 //! the cache, so later runs cost one `go` invocation and no download.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 
 /// The Kyverno release whose CRDs the tests install.
@@ -17,26 +16,7 @@ pub const KYVERNO_VERSION: &str = "v1.13.4";
 /// The extracted Kyverno module directory (downloaded once into Go's module cache).
 pub fn module_dir() -> Result<PathBuf> {
     let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/kyverno");
-    let out = Command::new("go")
-        .current_dir(&tools)
-        .args(["mod", "download", "-json"])
-        .arg(format!("github.com/kyverno/kyverno@{KYVERNO_VERSION}"))
-        .output()
-        .context("running `go mod download`: is Go installed and on PATH?")?;
-    let info: serde_json::Value = serde_json::from_slice(&out.stdout).with_context(|| {
-        format!(
-            "`go mod download` of Kyverno {KYVERNO_VERSION} printed no JSON: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })?;
-    if let Some(error) = info.get("Error").and_then(|e| e.as_str()) {
-        bail!("`go mod download` of Kyverno {KYVERNO_VERSION} failed: {error}");
-    }
-    let dir = info
-        .get("Dir")
-        .and_then(|d| d.as_str())
-        .context("`go mod download -json` printed no Dir")?;
-    Ok(PathBuf::from(dir))
+    crate::build::go_module_dir(&tools, "github.com/kyverno/kyverno", KYVERNO_VERSION)
 }
 
 /// Kyverno's CRD `file` (e.g. `kyverno.io_clusterpolicies.yaml`) from the module.

@@ -57,5 +57,7 @@ pub mod hub_harness;
 pub mod kyverno;
 pub mod local_pod;
 pub mod oci_registry;
+/// Peers for `tender-bench --peers` (Flux, Kyverno): build recipes and CRDs.
+pub mod peers;
 pub mod proxy;
 pub mod running;

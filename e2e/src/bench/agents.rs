@@ -32,10 +32,10 @@ const RELAY_MANAGER: &str = "tender-bench-relay";
 const RELAY_SOURCE: &str = "relay-src";
 
 /// When each downstream copy (`downstream/namespace`) was first seen at each version.
-type Seen = Arc<Mutex<HashMap<String, BTreeMap<u32, Instant>>>>;
+pub(crate) type Seen = Arc<Mutex<HashMap<String, BTreeMap<u32, Instant>>>>;
 
 /// The rotation number a copy carries (`payload` starts with `rotation <v> `).
-fn version(s: &Secret) -> Option<u32> {
+pub(crate) fn version(s: &Secret) -> Option<u32> {
     let data = s.data.as_ref()?.get("password")?;
     let text = std::str::from_utf8(&data.0).ok()?;
     text.strip_prefix("rotation ")?
@@ -45,11 +45,16 @@ fn version(s: &Secret) -> Option<u32> {
         .ok()
 }
 
-/// Watches Secrets named `creds` in every namespace of `client`'s cluster and records when
+/// Watches Secrets named `name` in every namespace of `client`'s cluster and records when
 /// each version of each copy is first seen.
-fn observe(client: Client, downstream: String, seen: Seen) -> JoinHandle<()> {
+pub(crate) fn observe(
+    client: Client,
+    downstream: String,
+    name: &str,
+    seen: Seen,
+) -> JoinHandle<()> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     tokio::spawn(async move {
-        let config = watcher::Config::default().fields("metadata.name=creds");
         let mut events = watcher(Api::<Secret>::all(client), config)
             .default_backoff()
             .boxed();
@@ -71,7 +76,7 @@ fn observe(client: Client, downstream: String, seen: Seen) -> JoinHandle<()> {
 
 /// Waits until every key in `keys` has been seen at version `v`; returns the latencies in ms
 /// from `start` and the keys still missing at the deadline.
-async fn wait_version(
+pub(crate) async fn wait_version(
     seen: &Seen,
     keys: &[String],
     v: u32,
@@ -129,7 +134,7 @@ fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTree
 }
 
 /// p50/p95/p99/max of latencies in ms.
-fn percentiles(mut v: Vec<f64>) -> Value {
+pub(crate) fn percentiles(mut v: Vec<f64>) -> Value {
     if v.is_empty() {
         return json!(null);
     }
@@ -139,7 +144,7 @@ fn percentiles(mut v: Vec<f64>) -> Value {
            "max_ms": v[v.len() - 1]})
 }
 
-fn show(what: &str, p: &Value) {
+pub(crate) fn show(what: &str, p: &Value) {
     println!(
         "  {what:<6} latency over {} copies: p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         p["samples"],
@@ -150,16 +155,16 @@ fn show(what: &str, p: &Value) {
     );
 }
 
-fn cluster_name(i: usize) -> String {
+pub(crate) fn cluster_name(i: usize) -> String {
     format!("c-{i:05}")
 }
 
 /// Downstream cluster of cluster `i`: alternately downstream-1 and downstream-2.
-fn downstream_of(i: usize) -> String {
+pub(crate) fn downstream_of(i: usize) -> String {
     downstream_name(i % 2 + 1)
 }
 
-async fn create_namespaces(client: &Client, names: Vec<String>) -> Result<()> {
+pub(crate) async fn create_namespaces(client: &Client, names: Vec<String>) -> Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
     let creates = names.into_iter().map(|name| {
         let api = api.clone();
@@ -254,7 +259,7 @@ const TARGETS_PER_BUNDLE: usize = 100;
 
 /// Bundles deploying the two sources to every cluster, each cluster in its own downstream
 /// namespace `app-<i>` (one target per cluster, so ⌈N/100⌉ Bundles).
-fn agents_bundles(n: usize) -> Vec<Bundle> {
+pub(crate) fn agents_bundles(n: usize) -> Vec<Bundle> {
     let entry = |kind: &str, name: &str| DownstreamResource {
         api_version: None,
         kind: kind.into(),
@@ -374,7 +379,7 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     let seen: Seen = Arc::default();
     let observers: Vec<_> = downs
         .iter()
-        .map(|(d, c)| observe(c.clone(), d.clone(), seen.clone()))
+        .map(|(d, c)| observe(c.clone(), d.clone(), "creds", seen.clone()))
         .collect();
     let app_keys: Vec<String> = (0..n)
         .map(|i| format!("{}/app-{i:05}", downstream_of(i)))

@@ -56,6 +56,8 @@ use tender_types::{
 mod agents;
 #[path = "../bench/baseline.rs"]
 mod baseline;
+#[path = "../bench/peers/mod.rs"]
+mod peers;
 
 use baseline::Baseline;
 
@@ -88,6 +90,13 @@ struct Args {
     /// Rotations measured in `--agents` mode.
     #[arg(long, default_value_t = 20)]
     rotations: u32,
+    /// Instead of the hub sizes: tender beside these peers on their own workloads
+    /// (comma-separated: flux, kyverno), built from their Go modules on first use.
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<String>,
+    /// Targets (namespaces) in `--peers` mode.
+    #[arg(long, default_value_t = 50)]
+    targets: usize,
     /// Also write the figures as JSON to this file (e.g. docs/benchmarks/<date>-n1000.json).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -938,6 +947,15 @@ async fn main() -> Result<()> {
     if let Some(n) = args.agents {
         let figures = agents::run(n, &args).await?;
         return write_json(figures);
+    }
+    if !args.peers.is_empty() {
+        let figures = peers::run(&args.peers, args.targets, &args).await?;
+        let failed = figures["failed"].clone();
+        write_json(figures)?;
+        if failed.as_array().is_some_and(|f| !f.is_empty()) {
+            bail!("peers failed: {failed}");
+        }
+        return Ok(());
     }
     let mut sizes = Vec::new();
     for &n in &args.clusters {
