@@ -35,7 +35,7 @@ use tender_types::conditions::{TYPE_CLUSTER_CONNECTED, is_true};
 use tender_types::{Bundle, Cluster};
 
 use super::artifact::{Server, digest, tar_gz};
-use super::{Meter, Side, compare, idle, print_lines};
+use super::{Meter, Side, compare, idle, measure_tender, print_lines};
 use crate::agents::{
     Seen, agents_bundles, cluster_name, create_namespaces, downstream_of, observe,
 };
@@ -217,28 +217,10 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
             .create(&pp, &bundle)
             .await?;
     }
-    let first = tender_side.first(start, timeout).await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (first_cost, lines) = meter.between(&before, &meter.read().await?);
-    print_lines(&lines);
-    let before = meter.read().await?;
-    let rotations = tender_side
-        .rotate(args.rotations, timeout, |v| {
-            let sources = sources.clone();
-            async move {
-                let patch = Patch::Merge(json!({"data": secret(v).data}));
-                sources
-                    .patch("creds", &PatchParams::default(), &patch)
-                    .await?;
-                Ok(())
-            }
-        })
-        .await?;
-    let (rot_cost, lines) = meter.between(&before, &meter.read().await?);
-    print_lines(&lines);
-    let idle_cost = idle(&meter, args.idle_seconds).await?;
-    let tender = json!({"mode": "push", "connect_s": secs, "first_s": first,
-        "first_cost": first_cost, "rotations": rotations, "rotation_cost": rot_cost, "idle_cost": idle_cost});
+    let mut tender = measure_tender(&meter, &tender_side, &sources, before, start, args).await?;
+    tender.insert("mode".into(), json!("push"));
+    tender.insert("connect_s".into(), json!(secs));
+    let tender = Value::Object(tender);
     hub.stop().await.context("stopping the hub")?;
 
     // ---------------------------------------------------------------- Flux

@@ -34,7 +34,7 @@ use tender_e2e::{ADMIN_USER, EnvOptions, HUB, Process, TestEnv, peers};
 use tender_types::conditions::{TYPE_CLUSTER_CONNECTED, is_true};
 use tender_types::{Bundle, Cluster};
 
-use super::{Meter, Side, compare, idle, print_lines};
+use super::{Meter, Side, compare, idle, measure_tender, print_lines};
 use crate::agents::{Seen, create_namespaces, observe};
 use crate::{Args, WORKSPACE, secret};
 
@@ -246,29 +246,12 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
         .create(&pp, &bundle)
         .await?;
-    let first = tender_side.first(start, timeout).await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let (first_cost, lines) = meter.between(&before, &meter.read().await?);
-    print_lines(&lines);
-    let before = meter.read().await?;
-    let rotations = tender_side
-        .rotate(args.rotations, timeout, |v| {
-            let sources = sources.clone();
-            async move {
-                let patch = Patch::Merge(json!({"data": secret(v).data}));
-                sources
-                    .patch("creds", &PatchParams::default(), &patch)
-                    .await?;
-                Ok(())
-            }
-        })
-        .await?;
-    let (rot_cost, lines) = meter.between(&before, &meter.read().await?);
-    print_lines(&lines);
-    let idle_cost = idle(&meter, args.idle_seconds).await?;
-    let tender = json!({"mode": "push to the hub itself, targetNamespaceSelector",
-        "first_s": first, "first_cost": first_cost, "rotations": rotations,
-        "rotation_cost": rot_cost, "idle_cost": idle_cost});
+    let mut tender = measure_tender(&meter, &tender_side, &sources, before, start, args).await?;
+    tender.insert(
+        "mode".into(),
+        json!("push to the hub itself, targetNamespaceSelector"),
+    );
+    let tender = Value::Object(tender);
     hub.stop().await.context("stopping the hub")?;
 
     // ---------------------------------------------------------------- Kyverno

@@ -343,6 +343,45 @@ pub fn compare(peer: &str, tender: &Value, other: &Value) {
     );
 }
 
+/// tender's side once its Bundles were created at `start` (after `before`): the first
+/// deployment, `args.rotations` rotations of Secret `creds` through `sources`, and the idle
+/// window, each with its cost. Returns the JSON fields both peer comparisons report.
+pub async fn measure_tender(
+    meter: &Meter,
+    side: &Side<'_>,
+    sources: &kube::Api<k8s_openapi::api::core::v1::Secret>,
+    before: Reading,
+    start: Instant,
+    args: &Args,
+) -> Result<serde_json::Map<String, Value>> {
+    use kube::api::{Patch, PatchParams};
+    let timeout = Duration::from_secs(args.timeout_seconds);
+    let first = side.first(start, timeout).await?;
+    // Let the first deployment's trailing writes land inside its own cost.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (first_cost, lines) = meter.between(&before, &meter.read().await?);
+    print_lines(&lines);
+    let before = meter.read().await?;
+    let rotations = side
+        .rotate(args.rotations, timeout, |v| {
+            let sources = sources.clone();
+            async move {
+                let patch = Patch::Merge(json!({"data": crate::secret(v).data}));
+                sources
+                    .patch("creds", &PatchParams::default(), &patch)
+                    .await?;
+                Ok(())
+            }
+        })
+        .await?;
+    let (rotation_cost, lines) = meter.between(&before, &meter.read().await?);
+    print_lines(&lines);
+    let idle_cost = idle(meter, args.idle_seconds).await?;
+    let fields = json!({"first_s": first, "first_cost": first_cost, "rotations": rotations,
+        "rotation_cost": rotation_cost, "idle_cost": idle_cost});
+    Ok(fields.as_object().cloned().unwrap_or_default())
+}
+
 /// Measures `secs` of quiet after a side's rotations (nothing changes: a side that still
 /// writes is reacting to its own writes or polling).
 pub async fn idle(meter: &Meter, secs: u64) -> Result<Value> {
