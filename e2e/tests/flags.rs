@@ -168,6 +168,7 @@ async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
             "logFormat=text",
             "logLevel=debug",
             "leaderElection.leaseName=flags-lease",
+            "clusterSummaryDelaySeconds=0",
         ],
     )
     .await;
@@ -306,6 +307,24 @@ async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
         "A keeps the default 90 s"
     );
 
+    // --cluster-summary-delay-seconds (clusterSummaryDelaySeconds=0 on B, the default 5 on A):
+    // a Cluster's summary counting its first BundleDeployment is written at once by B and
+    // about 5 s after the BundleDeployment by A.
+    let mut gaps = Vec::new();
+    for ws in [&a_ws, &b_ws] {
+        gaps.push(summary_gap(ws).await);
+    }
+    assert!(
+        gaps[0] >= Duration::from_secs(4),
+        "A wrote the summary {:?} after the BundleDeployment: the 5 s delay is not in force",
+        gaps[0]
+    );
+    assert!(
+        gaps[1] < Duration::from_secs(4),
+        "B wrote the summary {:?} after the BundleDeployment: a zero delay is not in force",
+        gaps[1]
+    );
+
     // The unserved workspace's Cluster was never touched by either hub.
     let c = unserved_clusters.get("c").await.unwrap();
     assert!(
@@ -337,9 +356,69 @@ async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
     }
     eprintln!(
         "[{}] hub flags: leases, workspaces, KindNotAllowed, CopyFeatureDisabled, exec refused/used, \
-         push probe noticed an outage after {:.1} s, AgentOffline after 4 s, log formats and levels",
+         push probe noticed an outage after {:.1} s, AgentOffline after 4 s, Cluster summary \
+         {:.1} s (default) / {:.1} s (0) after its BundleDeployment, log formats and levels",
         a_ws.ns,
-        noticed.as_secs_f64()
+        noticed.as_secs_f64(),
+        gaps[0].as_secs_f64(),
+        gaps[1].as_secs_f64()
+    );
+}
+
+/// How long after its first BundleDeployment appears a new Cluster `summary` of `ws`'s hub
+/// counts it: a Bundle of one manifest is made for a fresh Cluster, both observed by polling.
+async fn summary_gap(ws: &Workspace) -> Duration {
+    ws.cluster("summary").await;
+    let clusters = Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns);
+    eventually("Cluster summary provisioned", CONVERGE, || async {
+        let c = clusters.get("summary").await?;
+        Ok::<_, kube::Error>(c.status.and_then(|s| s.namespace).map(|_| ()))
+    })
+    .await;
+    ws.bundle(
+        "summary",
+        json!({
+            "targets": [{"clusterName": "summary"}],
+            "defaultNamespace": "apps",
+            "resources": [{"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "summary"}, "data": {"a": "b"}}],
+        }),
+    )
+    .await;
+    let bds = Api::<tender_types::BundleDeployment>::namespaced(
+        ws.hub.clone(),
+        &ws.cluster_ns("summary"),
+    );
+    let poll = Duration::from_millis(50);
+    let deadline = Instant::now() + CONVERGE;
+    let mut created = None;
+    while Instant::now() < deadline {
+        if created.is_none()
+            && !bds
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .is_empty()
+        {
+            created = Some(Instant::now());
+        }
+        if let Some(at) = created {
+            let summary = clusters
+                .get("summary")
+                .await
+                .unwrap()
+                .status
+                .and_then(|s| s.summary);
+            if summary.is_some_and(|s| s.desired_ready >= 1) {
+                return at.elapsed();
+            }
+        }
+        tokio::time::sleep(poll).await;
+    }
+    panic!(
+        "{}: no Cluster summary counting the BundleDeployment",
+        ws.ns
     );
 }
 

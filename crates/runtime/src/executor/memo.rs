@@ -3,48 +3,105 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::ops::{Fingerprint, ObjectKey};
+
+/// How long an echoed entry still answers for decisions made on the version it superseded:
+/// far longer than a reconcile holds a cache read, short enough to bound the memo's size.
+const ECHOED_FOR: Duration = Duration::from_secs(30);
+
+/// Echoed entries are swept on every this many records.
+const SWEEP_EVERY: u32 = 1024;
 
 /// Remembers, per object, the cached resourceVersion a write was decided on, the content
 /// written and the uid it produced. Until the cache moves past that version, a reconcile
 /// reading the cache sees the old object and would write the same content again; the memo
-/// tells the executor not to. The watch feed calls [`WriteMemo::forget`] for every event, so
-/// an entry lives only between a write and its echo (and a changed object is decided anew).
+/// tells the executor not to. The watch feed calls [`WriteMemo::forget`] for every event: from
+/// then on the cache decides, and the entry only answers for a decision made on the exact
+/// version the write replaced (a reconcile that read the cache just before the echo arrived),
+/// which is stale by construction and followed by the reconcile the echo triggers.
 #[derive(Debug, Default)]
-pub struct WriteMemo(Mutex<HashMap<ObjectKey, Entry>>);
+pub struct WriteMemo(Mutex<Inner>);
+
+#[derive(Debug, Default)]
+struct Inner {
+    entries: HashMap<ObjectKey, Entry>,
+    records: u32,
+}
 
 #[derive(Debug, Clone)]
 struct Entry {
     fingerprint: Fingerprint,
     uid: Option<String>,
+    /// When the write's watch event (or any later one) reached the cache.
+    echoed: Option<Instant>,
+}
+
+impl Entry {
+    fn answers(&self, fingerprint: &Fingerprint, now: Instant) -> bool {
+        if self.fingerprint != *fingerprint {
+            return false;
+        }
+        match self.echoed {
+            None => true,
+            // Without a version the decision may be about an object deleted since ("not
+            // cached"), which must be written again.
+            Some(at) => fingerprint.live_version.is_some() && now.duration_since(at) < ECHOED_FOR,
+        }
+    }
 }
 
 impl WriteMemo {
     /// The uid written, if the same content was written over the same cached version.
     /// `Some(None)` means "written, uid unknown".
     pub fn written(&self, key: &ObjectKey, fingerprint: &Fingerprint) -> Option<Option<String>> {
-        let map = self.0.lock().expect("write memo");
-        let entry = map.get(key)?;
-        (entry.fingerprint == *fingerprint).then(|| entry.uid.clone())
+        let inner = self.0.lock().expect("write memo");
+        let entry = inner.entries.get(key)?;
+        entry
+            .answers(fingerprint, Instant::now())
+            .then(|| entry.uid.clone())
     }
 
     /// Records a write.
     pub fn record(&self, key: ObjectKey, fingerprint: Fingerprint, uid: Option<String>) {
-        self.0
-            .lock()
-            .expect("write memo")
-            .insert(key, Entry { fingerprint, uid });
+        let mut inner = self.0.lock().expect("write memo");
+        inner.records = inner.records.wrapping_add(1);
+        if inner.records.is_multiple_of(SWEEP_EVERY) {
+            let now = Instant::now();
+            inner.entries.retain(|_, e| {
+                e.echoed
+                    .is_none_or(|at| now.duration_since(at) < ECHOED_FOR)
+            });
+        }
+        inner.entries.insert(
+            key,
+            Entry {
+                fingerprint,
+                uid,
+                echoed: None,
+            },
+        );
     }
 
-    /// Forgets `key`: its watch event reached the cache, which decides again from now on.
+    /// `key`'s watch event reached the cache, which decides again from now on.
     pub fn forget(&self, key: &ObjectKey) {
-        self.0.lock().expect("write memo").remove(key);
+        let mut inner = self.0.lock().expect("write memo");
+        if let Some(entry) = inner.entries.get_mut(key)
+            && entry.echoed.is_none()
+        {
+            entry.echoed = Some(Instant::now());
+        }
     }
 
     /// How many writes are waiting for their watch event (a gauge for leaks in tests).
     pub fn len(&self) -> usize {
-        self.0.lock().expect("write memo").len()
+        let inner = self.0.lock().expect("write memo");
+        inner
+            .entries
+            .values()
+            .filter(|e| e.echoed.is_none())
+            .count()
     }
 
     /// Whether no write is waiting for its watch event.
@@ -75,8 +132,27 @@ mod tests {
         assert_eq!(memo.written(&key, &fp("1", "other")), None);
         assert_eq!(memo.written(&key, &fp("2", "h")), None);
         memo.forget(&key);
-        assert_eq!(memo.written(&key, &fp("1", "h")), None);
         assert!(memo.is_empty());
+        // After the echo only a decision on the version the write replaced is still answered
+        // (a reconcile that read the cache just before the echo); anything else decides anew.
+        assert_eq!(memo.written(&key, &fp("1", "h")), Some(Some("u".into())));
+        assert_eq!(memo.written(&key, &fp("2", "h")), None);
+        assert_eq!(memo.written(&key, &fp("1", "other")), None);
+    }
+
+    #[test]
+    fn an_echoed_creation_is_not_answered_for_an_uncached_object() {
+        // "Not cached" after the echo may mean deleted since: it must be written again.
+        let memo = WriteMemo::default();
+        let key = ObjectKey::of::<Secret>(Some("c1"), "db");
+        let created = Fingerprint {
+            live_version: None,
+            desired: "h".into(),
+        };
+        memo.record(key.clone(), created.clone(), Some("u".into()));
+        assert_eq!(memo.written(&key, &created), Some(Some("u".into())));
+        memo.forget(&key);
+        assert_eq!(memo.written(&key, &created), None);
     }
 
     #[test]

@@ -344,12 +344,16 @@ mod tests {
     const SECRET: &str = r#"{"apiVersion":"v1","kind":"Secret","metadata":{"name":"db","namespace":"c1","uid":"u1","resourceVersion":"5"}}"#;
 
     fn apply_db() -> Op {
+        apply_db_over("4")
+    }
+
+    fn apply_db_over(live_version: &str) -> Op {
         Op::Apply(Apply {
             key: ObjectKey::of::<Secret>(Some("c1"), "db"),
             body: serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "db"}}),
             replace_if_immutable: false,
             fingerprint: Some(Fingerprint {
-                live_version: Some("4".into()),
+                live_version: Some(live_version.into()),
                 desired: "h".into(),
             }),
         })
@@ -379,10 +383,12 @@ mod tests {
         assert!(seen.try_recv().is_err(), "no second request");
         assert_eq!(exec.metrics.object_writes("apply", "Secret"), 1);
 
-        // The watch event retires the entry: the next decision is the cache's again.
+        // The watch event hands the decision to the cache: a decision on the version the
+        // write produced is made; one still on the replaced version is stale and skipped.
         exec.memo()
             .forget(&ObjectKey::of::<Secret>(Some("c1"), "db"));
-        assert!(exec.execute(apply_db()).await.expect("apply").wrote);
+        assert!(!exec.execute(apply_db()).await.expect("stale").wrote);
+        assert!(exec.execute(apply_db_over("5")).await.expect("apply").wrote);
     }
 
     #[tokio::test]
