@@ -14,8 +14,11 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Client;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
+};
 use tender_types::BundleDeployment;
 
 use crate::{Pids, config_map, cpu_now, payload, secret};
@@ -185,4 +188,133 @@ pub async fn bundle_deployments(
     })
     .await?;
     Ok((create, apply))
+}
+
+/// A namespaced CRD with no schema beyond `x-kubernetes-preserve-unknown-fields` and no CEL:
+/// the custom-resource path with nothing of tender's API in it.
+const BLOB_GROUP: &str = "bench.tender.dev";
+
+fn blob_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(BLOB_GROUP, "v1", "Blob"), "blobs")
+}
+
+async fn install_blob_crd(admin: &Client) -> Result<()> {
+    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("blobs.{BLOB_GROUP}")},
+        "spec": {
+            "group": BLOB_GROUP, "scope": "Namespaced",
+            "names": {"kind": "Blob", "plural": "blobs", "singular": "blob", "listKind": "BlobList"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                "type": "object",
+                "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+            }}}]
+        }
+    }))?;
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    crds.patch(
+        &format!("blobs.{BLOB_GROUP}"),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    kube::runtime::wait::await_condition(
+        crds,
+        &format!("blobs.{BLOB_GROUP}"),
+        kube::runtime::wait::conditions::is_crd_established(),
+    )
+    .await?;
+    // Discovery of a new group takes a moment to reach every apiserver handler.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(())
+}
+
+/// Where a custom-resource write's apiserver cost goes: the same BundleDeployment spec written
+/// N times each way, one object per stand-in namespace, after [`bundle_deployments`] left a
+/// BundleDeployment holding `second`'s spec in each:
+///
+/// - the BundleDeployment changed back to `first` by a JSON merge patch (an update, not an apply);
+/// - a schemaless custom resource (`Blob`) holding the same spec: created, then changed, by
+///   server-side apply;
+/// - a ConfigMap holding the same spec as one data value: created, then changed, by server-side
+///   apply.
+pub async fn write_anatomy(
+    admin: &Client,
+    pids: &Pids,
+    n: usize,
+    first: &BundleDeployment,
+    second: &BundleDeployment,
+) -> Result<Vec<(&'static str, Baseline)>> {
+    install_blob_crd(admin).await?;
+    let mut out = Vec::new();
+    let merge = serde_json::json!({"spec": first.spec});
+    out.push((
+        "BundleDeployment, JSON merge patch of the spec",
+        measure(pids, n, 1, |ns| {
+            let api: Api<BundleDeployment> = Api::namespaced(admin.clone(), &ns);
+            let body = merge.clone();
+            async move {
+                api.patch("deployment", &PatchParams::default(), &Patch::Merge(&body))
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .await?,
+    ));
+    let resource = blob_resource();
+    for (what, bd) in [
+        ("schemaless custom resource, apply (create)", first),
+        ("schemaless custom resource, apply (change)", second),
+    ] {
+        let body = serde_json::json!({
+            "apiVersion": format!("{BLOB_GROUP}/v1"), "kind": "Blob",
+            "metadata": {"name": "deployment"}, "spec": bd.spec
+        });
+        let resource = resource.clone();
+        out.push((
+            what,
+            measure(pids, n, 1, |ns| {
+                let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &ns, &resource);
+                let body = body.clone();
+                async move {
+                    let pp = PatchParams::apply(FIELD_MANAGER).force();
+                    api.patch("deployment", &pp, &Patch::Apply(&body))
+                        .await
+                        .map(|_| ())
+                }
+            })
+            .await?,
+        ));
+    }
+    for (what, bd) in [
+        ("ConfigMap holding the spec, apply (create)", first),
+        ("ConfigMap holding the spec, apply (change)", second),
+    ] {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("spec-holder".into()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([(
+                "spec".into(),
+                serde_json::to_string(&bd.spec)?,
+            )])),
+            ..Default::default()
+        };
+        out.push((
+            what,
+            measure(pids, n, 1, |ns| {
+                let api: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
+                let cm = cm.clone();
+                async move {
+                    let pp = PatchParams::apply(FIELD_MANAGER).force();
+                    api.patch("spec-holder", &pp, &Patch::Apply(&cm))
+                        .await
+                        .map(|_| ())
+                }
+            })
+            .await?,
+        ));
+    }
+    Ok(out)
 }

@@ -602,6 +602,7 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
         "  (a BundleDeployment: spec {bd_bytes} bytes, {bd_stored} bytes stored with metadata and managedFields)"
     );
     let mut baselines = Vec::new();
+    let mut anatomy = Vec::new();
     if with_baseline {
         baselines.push(baseline::fan_out(&admin, &pids, n, bd_bytes).await?);
     }
@@ -650,6 +651,7 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
         let (create, apply) =
             baseline::bundle_deployments(&admin, &pids, n, &first_bd, rotated).await?;
         baselines.extend([create, apply]);
+        anatomy = baseline::write_anatomy(&admin, &pids, n, &first_bd, rotated).await?;
     }
 
     // Idle: nothing changes; the hub must not write.
@@ -671,6 +673,13 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
             ms_per_write(create.cpu[1], create.writes),
             apply.secs,
             ms_per_write(apply.cpu[1], apply.writes),
+        );
+    }
+    for (what, b) in &anatomy {
+        println!(
+            "  write anatomy, {what}: {:.1} s, apiserver {:.2} ms/write",
+            b.secs,
+            ms_per_write(b.cpu[1], b.writes),
         );
     }
     let (rotation, idle) = (&phases[2], &phases[3]);
@@ -707,6 +716,7 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
         phases,
         rss_before,
         baselines,
+        anatomy,
         bd_bytes,
         failed,
     })
@@ -723,6 +733,8 @@ struct Size {
     /// Fan-out and rotation baselines, then N real BundleDeployments created and applied
     /// (empty with `--no-baseline`).
     baselines: Vec<Baseline>,
+    /// The same spec written other ways (`baseline::write_anatomy`; empty without baseline).
+    anatomy: Vec<(&'static str, Baseline)>,
     bd_bytes: usize,
     failed: Vec<String>,
 }
@@ -810,6 +822,9 @@ fn size_json(s: &Size) -> serde_json::Value {
                 "cpu_s": cpu_json(&b.cpu), "apiserver_ms_per_write": ms_per_write(b.cpu[1], b.writes)});
             serde_json::json!({"create": one(&b[0]), "apply_rotated": one(&b[1])})
         }),
+        "write_anatomy": s.anatomy.iter().map(|(what, b)| serde_json::json!({
+            "what": what, "seconds": b.secs, "writes": b.writes, "cpu_s": cpu_json(&b.cpu),
+            "apiserver_ms_per_write": ms_per_write(b.cpu[1], b.writes)})).collect::<Vec<_>>(),
     })
 }
 
