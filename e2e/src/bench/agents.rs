@@ -18,7 +18,9 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tender_e2e::agent_harness::{AgentHandle, start_agent};
-use tender_e2e::hub_harness::{agent_kubeconfig, hub_config, request_series, start_hub};
+use tender_e2e::hub_harness::{
+    WRITE_VERBS, agent_kubeconfig, hub_config, request_series, start_hub,
+};
 use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
 use tender_types::{Bundle, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource};
 use tokio::task::JoinHandle;
@@ -122,6 +124,21 @@ fn requests(registries: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
         }
     }
     out
+}
+
+/// The writes among `requests` (as keyed by [`requests`]) that are not heartbeats: Lease
+/// renewals, and for agents the `status.agent` report on their Cluster.
+fn non_heartbeat_writes(requests: &BTreeMap<String, u64>, agents: bool) -> BTreeMap<String, u64> {
+    requests
+        .iter()
+        .filter(|(k, _)| {
+            let (verb, resource) = k.split_once(' ').unwrap_or((k.as_str(), ""));
+            WRITE_VERBS.contains(&verb)
+                && resource != "leases"
+                && !(agents && resource == "clusters/status")
+        })
+        .map(|(k, n)| (k.clone(), *n))
+        .collect()
 }
 
 /// `after - before`, non-zero entries only.
@@ -402,12 +419,45 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     let secs = start.elapsed().as_secs_f64();
     println!("  first deployment: every downstream copy present after {secs:.1} s");
     out.insert("first_deploy_s".into(), json!(secs));
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    let hub_requests = || requests(std::iter::once(hub.metrics.encode()));
+    let agent_requests = || requests(agents.iter().map(|a| a.metrics.shared().encode()));
+    let writes_so_far = || {
+        let total = |m: BTreeMap<String, u64>| m.values().sum::<u64>();
+        total(non_heartbeat_writes(&hub_requests(), false))
+            + total(non_heartbeat_writes(&agent_requests(), true))
+    };
+    // Settled: no write but heartbeats for 3 s plus the hub's Cluster summary delay.
+    let quiet = Duration::from_secs(3) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
+    let (mut last, mut since) = (writes_so_far(), Instant::now());
+    let settle_start = Instant::now();
+    while since.elapsed() < quiet && settle_start.elapsed() < timeout {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = writes_so_far();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
 
-    // Idle with N agents watching (heartbeats every 30 s included).
+    // Idle with N agents watching (heartbeats every 30 s included): no other write.
+    let (hub_before, agents_before) = (hub_requests(), agent_requests());
     let before = cpu_now(&pids);
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
     let after = cpu_now(&pids);
+    let hub_idle = non_heartbeat_writes(&delta(&hub_before, &hub_requests()), false);
+    let agents_idle = non_heartbeat_writes(&delta(&agents_before, &agent_requests()), true);
+    let idle_writes: u64 = hub_idle.values().chain(agents_idle.values()).sum();
+    let idle_ok = idle_writes == 0;
+    println!(
+        "  idle {} s: {idle_writes} writes but heartbeats (hub {hub_idle:?}, agents {agents_idle:?}), expected 0 {}",
+        args.idle_seconds,
+        if idle_ok { "OK" } else { "FAILED" }
+    );
+    let mut failed = Vec::new();
+    if !idle_ok {
+        failed.push(format!(
+            "{n} agents: {idle_writes} writes while idle (hub {hub_idle:?}, agents {agents_idle:?})"
+        ));
+    }
     let idle_cpu: Vec<f64> = (0..4).map(|i| after[i] - before[i]).collect();
     let apiserver_rss = mem_mb(Some(pids.apiserver), "VmRSS");
     println!(
@@ -424,6 +474,7 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         "idle".into(),
         json!({"seconds": args.idle_seconds, "cpu_s": {"bench": idle_cpu[0],
         "hub_apiserver": idle_cpu[1], "etcd": idle_cpu[2], "hub_kcm": idle_cpu[3]},
+        "writes_but_heartbeats": {"hub": hub_idle, "agents": agents_idle},
         "hub_apiserver_rss_mb": apiserver_rss, "bench_rss_mb": own_rss_mb()}),
     );
 
@@ -431,8 +482,6 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     let per_rotation = Duration::from_secs(120);
     let mut tender_lat = Vec::new();
     let mut tender_missing = 0;
-    let hub_requests = || requests(std::iter::once(hub.metrics.encode()));
-    let agent_requests = || requests(agents.iter().map(|a| a.metrics.shared().encode()));
     let (hub_before, agents_before) = (hub_requests(), agent_requests());
     let before = cpu_now(&pids);
     let t_all = Instant::now();
@@ -556,5 +605,6 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     if tender_missing > 0 || relay_missing > 0 {
         bail!("{tender_missing} tender and {relay_missing} relay copies never arrived");
     }
+    out.insert("failed".into(), json!(failed));
     Ok(Value::Object(out))
 }

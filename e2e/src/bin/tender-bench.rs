@@ -961,7 +961,12 @@ async fn main() -> Result<()> {
     };
     if let Some(n) = args.agents {
         let figures = agents::run(n, &args).await?;
-        return write_json(figures);
+        let failed = figures["failed"].clone();
+        write_json(figures)?;
+        if failed.as_array().is_some_and(|f| !f.is_empty()) {
+            bail!("agents: invariant failed: {failed}");
+        }
+        return Ok(());
     }
     if !args.peers.is_empty() {
         let figures = peers::run(&args.peers, args.targets, &args).await?;
