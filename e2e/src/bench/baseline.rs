@@ -15,10 +15,10 @@ use anyhow::Result;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::Client;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
 };
+use kube::{Client, CustomResourceExt};
 use tender_types::BundleDeployment;
 
 use crate::{Pids, config_map, cpu_now, payload, secret};
@@ -190,52 +190,71 @@ pub async fn bundle_deployments(
     Ok((create, apply))
 }
 
-/// A namespaced CRD with no schema beyond `x-kubernetes-preserve-unknown-fields` and no CEL:
-/// the custom-resource path with nothing of tender's API in it.
-const BLOB_GROUP: &str = "bench.tender.dev";
+/// The group of the anatomy's stand-in CRDs, so the hub never sees their objects.
+const ANATOMY_GROUP: &str = "bench.tender.dev";
 
-fn blob_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(BLOB_GROUP, "v1", "Blob"), "blobs")
-}
+/// Variants of the BundleDeployment CRD under [`ANATOMY_GROUP`], each a kind of its own:
+/// the schema as tender ships it, without its CEL rules, without CEL and without
+/// `x-kubernetes-embedded-resource` on the manifests, and no schema at all (a spec that
+/// preserves unknown fields).
+const VARIANTS: [(&str, &str); 4] = [
+    ("AsShipped", "the BundleDeployment schema as shipped"),
+    ("NoCel", "the same schema without its CEL rules"),
+    (
+        "NoCelNoEmbedded",
+        "the same without CEL and without embedded-resource manifests",
+    ),
+    ("Schemaless", "no schema (spec preserves unknown fields)"),
+];
 
-async fn install_blob_crd(admin: &Client) -> Result<()> {
-    let crd: CustomResourceDefinition = serde_json::from_value(serde_json::json!({
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("blobs.{BLOB_GROUP}")},
-        "spec": {
-            "group": BLOB_GROUP, "scope": "Namespaced",
-            "names": {"kind": "Blob", "plural": "blobs", "singular": "blob", "listKind": "BlobList"},
-            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
-                "type": "object",
-                "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
-            }}}]
+fn strip(value: &mut serde_json::Value, key: &str) {
+    match value {
+        serde_json::Value::Object(map) => {
+            map.remove(key);
+            map.values_mut().for_each(|v| strip(v, key));
         }
-    }))?;
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    crds.patch(
-        &format!("blobs.{BLOB_GROUP}"),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    kube::runtime::wait::await_condition(
-        crds,
-        &format!("blobs.{BLOB_GROUP}"),
-        kube::runtime::wait::conditions::is_crd_established(),
-    )
-    .await?;
-    // Discovery of a new group takes a moment to reach every apiserver handler.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    Ok(())
+        serde_json::Value::Array(items) => items.iter_mut().for_each(|v| strip(v, key)),
+        _ => {}
+    }
 }
 
-/// Where a custom-resource write's apiserver cost goes: the same BundleDeployment spec written
-/// N times each way, one object per stand-in namespace, after [`bundle_deployments`] left a
+/// The CRD of anatomy variant `kind`, derived from tender's BundleDeployment CRD.
+fn variant_crd(kind: &str) -> Result<CustomResourceDefinition> {
+    let mut crd = serde_json::to_value(BundleDeployment::crd())?;
+    let plural = format!("{}s", kind.to_lowercase());
+    crd["metadata"] = serde_json::json!({"name": format!("{plural}.{ANATOMY_GROUP}")});
+    crd["spec"]["group"] = ANATOMY_GROUP.into();
+    crd["spec"]["names"] = serde_json::json!({
+        "kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")
+    });
+    let version = &mut crd["spec"]["versions"][0];
+    if let Some(map) = version.as_object_mut() {
+        map.remove("additionalPrinterColumns");
+    }
+    let schema = &mut version["schema"]["openAPIV3Schema"];
+    match kind {
+        "NoCel" => strip(schema, "x-kubernetes-validations"),
+        "NoCelNoEmbedded" => {
+            strip(schema, "x-kubernetes-validations");
+            strip(schema, "x-kubernetes-embedded-resource");
+        }
+        "Schemaless" => {
+            *schema = serde_json::json!({"type": "object", "properties": {
+                "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}});
+        }
+        _ => {}
+    }
+    Ok(serde_json::from_value(crd)?)
+}
+
+/// Where a BundleDeployment write's apiserver cost goes: the same spec written N times each
+/// way, one object per stand-in namespace, after [`bundle_deployments`] left a
 /// BundleDeployment holding `second`'s spec in each:
 ///
 /// - the BundleDeployment changed back to `first` by a JSON merge patch (an update, not an apply);
-/// - a schemaless custom resource (`Blob`) holding the same spec: created, then changed, by
-///   server-side apply;
+/// - each [`VARIANTS`] CRD holding the same spec: created (`first`), then changed (`second`),
+///   by server-side apply;
 /// - a ConfigMap holding the same spec as one data value: created, then changed, by server-side
 ///   apply.
 pub async fn write_anatomy(
@@ -244,12 +263,11 @@ pub async fn write_anatomy(
     n: usize,
     first: &BundleDeployment,
     second: &BundleDeployment,
-) -> Result<Vec<(&'static str, Baseline)>> {
-    install_blob_crd(admin).await?;
+) -> Result<Vec<(String, Baseline)>> {
     let mut out = Vec::new();
     let merge = serde_json::json!({"spec": first.spec});
     out.push((
-        "BundleDeployment, JSON merge patch of the spec",
+        "BundleDeployment, JSON merge patch of the spec".to_string(),
         measure(pids, n, 1, |ns| {
             let api: Api<BundleDeployment> = Api::namespaced(admin.clone(), &ns);
             let body = merge.clone();
@@ -261,35 +279,38 @@ pub async fn write_anatomy(
         })
         .await?,
     ));
-    let resource = blob_resource();
-    for (what, bd) in [
-        ("schemaless custom resource, apply (create)", first),
-        ("schemaless custom resource, apply (change)", second),
-    ] {
-        let body = serde_json::json!({
-            "apiVersion": format!("{BLOB_GROUP}/v1"), "kind": "Blob",
-            "metadata": {"name": "deployment"}, "spec": bd.spec
-        });
-        let resource = resource.clone();
-        out.push((
-            what,
-            measure(pids, n, 1, |ns| {
-                let api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), &ns, &resource);
-                let body = body.clone();
-                async move {
-                    let pp = PatchParams::apply(FIELD_MANAGER).force();
-                    api.patch("deployment", &pp, &Patch::Apply(&body))
-                        .await
-                        .map(|_| ())
-                }
-            })
-            .await?,
-        ));
+    for (kind, what) in VARIANTS {
+        crate::install_crd(admin, &variant_crd(kind)?).await?;
+        // A new group takes a moment to reach discovery in every apiserver handler.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let resource = ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(ANATOMY_GROUP, "v1alpha1", kind),
+            &format!("{}s", kind.to_lowercase()),
+        );
+        for (step, bd) in [("create", first), ("change", second)] {
+            let body = serde_json::json!({
+                "apiVersion": format!("{ANATOMY_GROUP}/v1alpha1"), "kind": kind,
+                "metadata": {"name": "deployment"}, "spec": bd.spec
+            });
+            let resource = resource.clone();
+            out.push((
+                format!("{what}, apply ({step})"),
+                measure(pids, n, 1, |ns| {
+                    let api: Api<DynamicObject> =
+                        Api::namespaced_with(admin.clone(), &ns, &resource);
+                    let body = body.clone();
+                    async move {
+                        let pp = PatchParams::apply(FIELD_MANAGER).force();
+                        api.patch("deployment", &pp, &Patch::Apply(&body))
+                            .await
+                            .map(|_| ())
+                    }
+                })
+                .await?,
+            ));
+        }
     }
-    for (what, bd) in [
-        ("ConfigMap holding the spec, apply (create)", first),
-        ("ConfigMap holding the spec, apply (change)", second),
-    ] {
+    for (step, bd) in [("create", first), ("change", second)] {
         let cm = ConfigMap {
             metadata: ObjectMeta {
                 name: Some("spec-holder".into()),
@@ -302,7 +323,7 @@ pub async fn write_anatomy(
             ..Default::default()
         };
         out.push((
-            what,
+            format!("a ConfigMap holding the spec, apply ({step})"),
             measure(pids, n, 1, |ns| {
                 let api: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
                 let cm = cm.clone();

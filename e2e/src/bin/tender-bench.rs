@@ -43,10 +43,11 @@ use kube::api::{Api, ListParams, ObjectMeta, PartialObjectMeta, Patch, PatchPara
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use tender_e2e::crds::{apply_crd as install_crd, install_crds};
 use tender_e2e::hub_harness::{
     HubHandle, RequestSeries, WRITE_VERBS, hub_config, request_series, start_hub,
 };
-use tender_e2e::{EnvOptions, EnvRecord, HUB, TestEnv, crds::install_crds};
+use tender_e2e::{EnvOptions, EnvRecord, HUB, TestEnv};
 use tender_types::{
     Bundle, BundleDeployment, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource,
     Manifest, hash, labels,
@@ -734,7 +735,7 @@ struct Size {
     /// (empty with `--no-baseline`).
     baselines: Vec<Baseline>,
     /// The same spec written other ways (`baseline::write_anatomy`; empty without baseline).
-    anatomy: Vec<(&'static str, Baseline)>,
+    anatomy: Vec<(String, Baseline)>,
     bd_bytes: usize,
     failed: Vec<String>,
 }
