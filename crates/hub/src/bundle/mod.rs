@@ -168,7 +168,8 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                     running.push(write_cluster(
                         ctx,
                         bundle,
-                        (d, plan.spec(d)),
+                        d,
+                        plan.spec(d),
                         by_ns.get(&d.namespace),
                         live,
                         &fetched,
@@ -281,14 +282,13 @@ async fn write_status(
 }
 
 /// Writes one cluster's BundleDeployment and copies where they differ from the desired ones,
-/// and deletes copies no entry wants any more.
+/// and deletes copies no entry wants any more. `spec` is `desired`'s whole spec
+/// ([`plan::Plan::spec`]), made as the cluster starts so only the clusters in flight hold one.
 async fn write_cluster(
     ctx: &Ctx,
     bundle: &Bundle,
-    (desired, spec): (
-        &plan::DesiredDeployment,
-        Option<tender_types::BundleDeploymentSpec>,
-    ),
+    desired: &plan::DesiredDeployment,
+    spec: Option<tender_types::BundleDeploymentSpec>,
     snapshot: Option<&Arc<BundleDeployment>>,
     live_copies: Option<&[LiveCopy]>,
     fetched: &Mutex<HashMap<SourceKey, SourceObject>>,
