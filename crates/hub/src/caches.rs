@@ -112,9 +112,9 @@ fn without_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-/// Keeps only what `edited_by_others` reads of a copy's `managedFields`.
-fn copy_managers<K: Resource>(obj: &mut K) {
-    crate::bundle::plan::keep_content_managers(obj.meta_mut());
+/// Keeps only what the hub reads of a copy's metadata (decision 60).
+fn copy_fields<K: Resource>(obj: &mut K) {
+    crate::slim::copy(obj.meta_mut());
 }
 
 fn reflect<K>(what: &'static str, api: Api<K>, config: watcher::Config) -> (Store<K>, Events<K>)
@@ -173,22 +173,23 @@ pub(crate) fn caches(
         all.clone(),
     );
     let (helmops, helmop_events) = reflect("helmops", scope.api::<HelmOp>(client), all.clone());
-    let (bundle_deployments, bd_events) = reflect(
+    let (bundle_deployments, bd_events) = reflect_trimmed(
         "bundledeployments",
         Api::<BundleDeployment>::all(client.clone()),
         in_workspaces.clone(),
+        crate::slim::deployment,
     );
     let (copy_secrets, copy_secret_events) = reflect_trimmed(
         "copied secrets",
         Api::<PartialObjectMeta<Secret>>::all(client.clone()),
         in_workspaces.clone(),
-        copy_managers,
+        copy_fields,
     );
     let (copy_config_maps, copy_cm_events) = reflect_trimmed(
         "copied configmaps",
         Api::<PartialObjectMeta<ConfigMap>>::all(client.clone()),
         in_workspaces.clone(),
-        copy_managers,
+        copy_fields,
     );
     let (source_secrets, source_secret_events) = reflect(
         "source secrets",

@@ -23,6 +23,7 @@ mod context;
 pub mod group;
 pub mod helmop;
 pub mod push;
+mod slim;
 pub mod sources;
 mod triggers;
 pub mod upstream;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::bundle::Manifest;
-use crate::bundle_deployment::BundleDeploymentOptions;
+use crate::bundle_deployment::{BundleDeploymentOptions, BundleDeploymentSpec};
 use crate::copy::{copied_metadata, secret_data};
 
 /// Lowercase hex SHA-256 of `bytes`.
@@ -130,6 +130,12 @@ pub fn deployment_id(resources: &[Manifest], options: &BundleDeploymentOptions) 
     let options = serde_json::to_value(&options).expect("options serialize to JSON");
     let manifests = Value::Array(resources.iter().map(|m| m.0.clone()).collect());
     value_hash(&json!({ "resources": manifests, "options": options }))
+}
+
+/// Hash of a whole BundleDeployment spec, as the hub writes it: equal specs, equal hash. The
+/// hub's cache keeps this instead of the spec and the executor's memo knows a write by it.
+pub fn spec_hash(spec: &BundleDeploymentSpec) -> String {
+    value_hash(&serde_json::to_value(spec).expect("a spec serializes to JSON"))
 }
 
 /// [`deployment_id`] of a deployment that may carry a Helm chart: without one it is exactly

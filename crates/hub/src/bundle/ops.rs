@@ -66,15 +66,16 @@ pub(crate) enum DeploymentStep {
     Write(Box<Op>),
 }
 
-/// The step for one cluster's BundleDeployment of Bundle `bundle_ns/bundle_name`, given the
-/// cached one.
+/// The step for one cluster's BundleDeployment of Bundle `bundle_ns/bundle_name`, whose whole
+/// spec is `spec` ([`super::plan::Plan::spec`] of `desired`), given the cached one.
 pub(crate) fn deployment_step(
     bundle_ns: &str,
     bundle_name: &str,
     desired: &DesiredDeployment,
+    spec: Option<&BundleDeploymentSpec>,
     live: Option<&BundleDeployment>,
 ) -> DeploymentStep {
-    let Some(spec) = &desired.spec else {
+    let Some(spec) = spec else {
         return DeploymentStep::Hold;
     };
     if live.is_some_and(|bd| bd.metadata.deletion_timestamp.is_some()) {
@@ -82,8 +83,10 @@ pub(crate) fn deployment_step(
         return DeploymentStep::Hold;
     }
     let bd_labels = owned_labels(bundle_ns, bundle_name, &desired.cluster, &desired.namespace);
+    // The cache keeps a hash of each BundleDeployment's spec, not the spec (decision 60).
+    let desired_hash = hash::spec_hash(spec);
     let current = live.filter(|bd| {
-        &bd.spec == spec
+        crate::slim::spec_hash(bd) == Some(desired_hash.as_str())
             && bd
                 .finalizers()
                 .iter()
@@ -102,7 +105,7 @@ pub(crate) fn deployment_step(
         replace_if_immutable: false,
         fingerprint: Some(Fingerprint {
             live_version: live.and_then(|bd| bd.resource_version()),
-            desired: hash::value_hash(&serde_json::to_value(spec).unwrap_or_default()),
+            desired: desired_hash,
         }),
     })))
 }
@@ -438,6 +441,7 @@ pub(crate) fn transition_events(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle::plan::{DesiredSpec, Plan};
     use k8s_openapi::ByteString;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
@@ -447,15 +451,22 @@ mod tests {
         DesiredDeployment {
             cluster: "east".into(),
             namespace: "cluster-ws-east-1a2b3c".into(),
-            spec: Some(BundleDeploymentSpec {
+            spec: Some(DesiredSpec {
                 deployment_id: "id-1".into(),
                 paused: false,
                 options: BundleDeploymentOptions::default(),
-                resources: vec![],
-                helm: None,
             }),
             copies: vec![copy_of("db")],
         }
+    }
+
+    /// The whole spec of `d`, for a Bundle without manifests.
+    fn full(d: &DesiredDeployment) -> Option<BundleDeploymentSpec> {
+        Plan::default().spec(d)
+    }
+
+    fn step(d: &DesiredDeployment, live: Option<&BundleDeployment>) -> DeploymentStep {
+        deployment_step("ws", "app", d, full(d).as_ref(), live)
     }
 
     fn copy_of(source: &str) -> DesiredCopy {
@@ -470,7 +481,7 @@ mod tests {
 
     /// The BundleDeployment the hub would have written, as the cache holds it.
     fn written(d: &DesiredDeployment) -> BundleDeployment {
-        let Op::Apply(apply) = (match deployment_step("ws", "app", d, None) {
+        let Op::Apply(apply) = (match step(d, None) {
             DeploymentStep::Write(op) => *op,
             other => panic!("expected a write, got {other:?}"),
         }) else {
@@ -479,13 +490,14 @@ mod tests {
         let mut bd: BundleDeployment = serde_json::from_value(apply.body).unwrap();
         bd.metadata.uid = Some("bd-uid".into());
         bd.metadata.resource_version = Some("7".into());
+        crate::slim::deployment(&mut bd);
         bd
     }
 
     #[test]
     fn a_new_deployment_is_applied_with_finalizer_labels_and_fingerprint() {
         let d = desired();
-        let DeploymentStep::Write(op) = deployment_step("ws", "app", &d, None) else {
+        let DeploymentStep::Write(op) = step(&d, None) else {
             panic!("expected a write");
         };
         let Op::Apply(apply) = *op else {
@@ -509,7 +521,7 @@ mod tests {
         let d = desired();
         let live = written(&d);
         assert_eq!(
-            deployment_step("ws", "app", &d, Some(&live)),
+            step(&d, Some(&live)),
             DeploymentStep::Current {
                 uid: "bd-uid".into()
             }
@@ -542,7 +554,7 @@ mod tests {
         let live = written(&d);
         let mut changed = d.clone();
         changed.spec.as_mut().unwrap().deployment_id = "id-2".into();
-        let DeploymentStep::Write(op) = deployment_step("ws", "app", &changed, Some(&live)) else {
+        let DeploymentStep::Write(op) = step(&changed, Some(&live)) else {
             panic!("expected a write");
         };
         let Op::Apply(apply) = *op else {
@@ -556,20 +568,39 @@ mod tests {
     }
 
     #[test]
+    fn a_spec_edited_behind_an_unchanged_deployment_id_is_written_back() {
+        let d = desired();
+        let mut edited = full(&d).unwrap();
+        edited.resources = vec![tender_types::Manifest(serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "planted"}
+        }))];
+        let mut live = BundleDeployment::new("app", edited);
+        live.metadata.namespace = Some(d.namespace.clone());
+        live.metadata.labels = Some(owned_labels("ws", "app", &d.cluster, &d.namespace));
+        live.metadata.finalizers = Some(vec![labels::AGENT_CLEANUP_FINALIZER.into()]);
+        // The cache's own annotation key, forged with the desired spec's hash: replaced.
+        let forged = hash::spec_hash(&full(&d).unwrap());
+        live.metadata.annotations = Some(BTreeMap::from([(
+            "tender.dev/cached-spec-hash".into(),
+            forged,
+        )]));
+        crate::slim::deployment(&mut live);
+        assert!(
+            live.spec.resources.is_empty(),
+            "the cache drops the manifests"
+        );
+        assert!(matches!(step(&d, Some(&live)), DeploymentStep::Write(_)));
+    }
+
+    #[test]
     fn blocked_or_terminating_deployments_are_held() {
         let mut blocked = desired();
         blocked.spec = None;
-        assert_eq!(
-            deployment_step("ws", "app", &blocked, None),
-            DeploymentStep::Hold
-        );
+        assert_eq!(step(&blocked, None), DeploymentStep::Hold);
         let d = desired();
         let mut live = written(&d);
         live.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
-        assert_eq!(
-            deployment_step("ws", "app", &d, Some(&live)),
-            DeploymentStep::Hold
-        );
+        assert_eq!(step(&d, Some(&live)), DeploymentStep::Hold);
     }
 
     #[test]

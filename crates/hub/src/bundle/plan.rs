@@ -7,7 +7,7 @@ use tender_types::copy::CopyableKind;
 use tender_types::targeting::{self, ClusterInfo, GroupInfo, TargetingError};
 use tender_types::{
     BundleDeploymentOptions, BundleDeploymentSpec, BundleSpec, CopiedResource, DownstreamResource,
-    SourceKind, hash, names, namespaces,
+    HelmOptions, Manifest, SourceKind, hash, names, namespaces,
 };
 
 /// A Cluster as planning sees it.
@@ -81,12 +81,25 @@ pub struct DesiredDeployment {
     pub cluster: String,
     /// The cluster namespace on the hub.
     pub namespace: String,
-    /// The spec to write; `None` while a source it needs is missing (nothing is written for
-    /// this cluster, and what is already there stays, so the agent never deploys manifests
-    /// before their copies exist).
-    pub spec: Option<BundleDeploymentSpec>,
+    /// This cluster's part of the spec to write ([`Plan::spec`] adds the manifests); `None`
+    /// while a source it needs is missing (nothing is written for this cluster, and what is
+    /// already there stays, so the agent never deploys manifests before their copies exist).
+    pub spec: Option<DesiredSpec>,
     /// Copies this deployment needs (empty when blocked or the copy feature is off).
     pub copies: Vec<DesiredCopy>,
+}
+
+/// What a cluster's BundleDeployment spec holds of its own: all but the Bundle's manifests and
+/// Helm options, which are the same for every cluster and held once, in the [`Plan`]
+/// (decision 61: a clone per cluster was most of a Bundle reconcile's memory).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredSpec {
+    /// `deploymentID`: [`hash::deployment_id_with_helm`] of the manifests, options and chart.
+    pub deployment_id: String,
+    /// The Bundle or the Cluster is paused.
+    pub paused: bool,
+    /// Namespaces, flags and the copies with their content hashes.
+    pub options: BundleDeploymentOptions,
 }
 
 /// Everything a Bundle should have, and why not, when it cannot.
@@ -104,6 +117,24 @@ pub struct Plan {
     pub copy_disabled: bool,
     /// Number of copies across all deployments.
     pub copies: usize,
+    /// The Bundle's manifests, the same in every BundleDeployment.
+    pub resources: Vec<Manifest>,
+    /// The Bundle's Helm options, the same in every BundleDeployment.
+    pub helm: Option<HelmOptions>,
+}
+
+impl Plan {
+    /// The whole spec to write for `d`, made when it is written (`None` while it is blocked).
+    pub fn spec(&self, d: &DesiredDeployment) -> Option<BundleDeploymentSpec> {
+        let s = d.spec.as_ref()?;
+        Some(BundleDeploymentSpec {
+            deployment_id: s.deployment_id.clone(),
+            paused: s.paused,
+            options: s.options.clone(),
+            resources: self.resources.clone(),
+            helm: self.helm.clone(),
+        })
+    }
 }
 
 /// Every source any target of `spec` may copy (all targets, matched or not), so a source
@@ -156,7 +187,11 @@ pub fn plan(
     let matches = targeting::match_targets(spec, &infos, groups)?;
     let by_name: BTreeMap<&str, &ClusterView<'_>> = clusters.iter().map(|c| (c.name, c)).collect();
 
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        resources: spec.resources.clone(),
+        helm: spec.helm.clone(),
+        ..Plan::default()
+    };
     for m in matches {
         let cluster = by_name[m.cluster.as_str()];
         plan.matched.push(m.cluster.clone());
@@ -227,7 +262,7 @@ pub fn plan(
             correct_drift: spec.correct_drift_enabled(),
             downstream_resources: downstream,
         };
-        let bd_spec = BundleDeploymentSpec {
+        let bd_spec = DesiredSpec {
             deployment_id: hash::deployment_id_with_helm(
                 &spec.resources,
                 &options,
@@ -235,8 +270,6 @@ pub fn plan(
             ),
             paused: spec.paused || cluster.paused,
             options,
-            resources: spec.resources.clone(),
-            helm: spec.helm.clone(),
         };
         plan.copies += copies.len();
         plan.deployments.push(DesiredDeployment {
@@ -459,7 +492,12 @@ mod tests {
             after.deployments[0].spec.as_ref().unwrap(),
         );
         assert_ne!(b.deployment_id, a.deployment_id);
-        assert_eq!(b.resources, a.resources);
+        assert_eq!(before.resources, after.resources);
+        assert_eq!(
+            before.spec(&before.deployments[0]).unwrap().resources,
+            spec.resources,
+            "the whole spec carries the Bundle's manifests"
+        );
         assert_eq!(
             before.deployments[0].copies[1].copy_name,
             after.deployments[0].copies[1].copy_name
