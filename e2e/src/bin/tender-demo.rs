@@ -223,6 +223,8 @@ async fn main() -> Result<()> {
     step("Status on the hub (`tender status -n tender-default`)");
     wait_bundle_ready(&hub, "registry-creds").await?;
     wait_bundle_ready(&hub, "web").await?;
+    // The HelmOp's status is copied from its Bundle a moment later.
+    wait_helm_op_ready(&hub, "web").await?;
     let bundles = Api::<Bundle>::namespaced(hub.clone(), WORKSPACE)
         .list(&Default::default())
         .await?;
@@ -429,6 +431,23 @@ async fn wait_bundle_ready(hub: &kube::Client, name: &str) -> Result<()> {
                 )
             })
             .unwrap_or(false);
+        if ready || Instant::now() > deadline {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits (up to 60 s) until HelmOp `name` reports Ready with every cluster ready.
+async fn wait_helm_op_ready(hub: &kube::Client, name: &str) -> Result<()> {
+    let api: Api<HelmOp> = Api::namespaced(hub.clone(), WORKSPACE);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = api.get(name).await?.status.is_some_and(|s| {
+            tender_types::conditions::is_true(&s.conditions, tender_types::conditions::TYPE_READY)
+                && s.summary
+                    .is_some_and(|m| m.desired_ready > 0 && m.ready == m.desired_ready)
+        });
         if ready || Instant::now() > deadline {
             return Ok(());
         }
