@@ -200,6 +200,9 @@ fn changed<K>(event: &watcher::Event<K>) -> Option<(&K, bool)> {
 fn forget<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K) {
     let key = ObjectKey::of::<K>(obj.meta().namespace.as_deref(), &obj.name_any());
     ctx.exec.memo().forget(&key);
+    if let Some(exec) = &ctx.shard_exec {
+        exec.memo().forget(&key);
+    }
 }
 
 fn key_of(parts: impl Hash) -> u64 {

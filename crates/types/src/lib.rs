@@ -23,7 +23,7 @@ pub mod upstream;
 mod schema;
 
 pub use bundle::{
-    Bundle, BundleDisplay, BundleSpec, BundleStatus, BundleSummary, BundleTarget, CorrectDrift,
+    Bundle, BundleDisplay, BundleShardStatus, BundleSpec, BundleStatus, BundleSummary, BundleTarget, CorrectDrift,
     DownstreamResource, Manifest, SourceKind,
 };
 pub use bundle_deployment::{

@@ -43,15 +43,20 @@ pub(crate) fn owned_labels(
     name: &str,
     cluster: &str,
     cluster_ns: &str,
+    shard: Option<&str>,
 ) -> BTreeMap<String, String> {
-    BTreeMap::from([
+    let mut owned = BTreeMap::from([
         (labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into()),
         (labels::BUNDLE_NAMESPACE.into(), ns.into()),
         (labels::BUNDLE_NAME.into(), labels::safe_label_value(name)),
         (labels::CLUSTER.into(), labels::safe_label_value(cluster)),
         (labels::CLUSTER_NAMESPACE.into(), cluster_ns.into()),
         (labels::WORKSPACE.into(), ns.into()),
-    ])
+    ]);
+    if let Some(id) = shard {
+        owned.insert(labels::SHARD.into(), id.into());
+    }
+    owned
 }
 
 /// What to do with one cluster's BundleDeployment.
@@ -73,6 +78,7 @@ pub(crate) fn deployment_step(
     bundle_name: &str,
     desired: &DesiredDeployment,
     live: Option<&BundleDeployment>,
+    shard: Option<&str>,
 ) -> DeploymentStep {
     let Some(spec) = &desired.spec else {
         return DeploymentStep::Hold;
@@ -81,7 +87,13 @@ pub(crate) fn deployment_step(
         // Recreated once the agent has finished cleaning up (its deletion event brings us back).
         return DeploymentStep::Hold;
     }
-    let bd_labels = owned_labels(bundle_ns, bundle_name, &desired.cluster, &desired.namespace);
+    let bd_labels = owned_labels(
+        bundle_ns,
+        bundle_name,
+        &desired.cluster,
+        &desired.namespace,
+        shard,
+    );
     let current = live.filter(|bd| {
         &bd.spec == spec
             && bd
@@ -470,7 +482,7 @@ mod tests {
 
     /// The BundleDeployment the hub would have written, as the cache holds it.
     fn written(d: &DesiredDeployment) -> BundleDeployment {
-        let Op::Apply(apply) = (match deployment_step("ws", "app", d, None) {
+        let Op::Apply(apply) = (match deployment_step("ws", "app", d, None, None) {
             DeploymentStep::Write(op) => *op,
             other => panic!("expected a write, got {other:?}"),
         }) else {
@@ -485,7 +497,7 @@ mod tests {
     #[test]
     fn a_new_deployment_is_applied_with_finalizer_labels_and_fingerprint() {
         let d = desired();
-        let DeploymentStep::Write(op) = deployment_step("ws", "app", &d, None) else {
+        let DeploymentStep::Write(op) = deployment_step("ws", "app", &d, None, None) else {
             panic!("expected a write");
         };
         let Op::Apply(apply) = *op else {
@@ -509,7 +521,7 @@ mod tests {
         let d = desired();
         let live = written(&d);
         assert_eq!(
-            deployment_step("ws", "app", &d, Some(&live)),
+            deployment_step("ws", "app", &d, Some(&live), None),
             DeploymentStep::Current {
                 uid: "bd-uid".into()
             }
@@ -542,7 +554,7 @@ mod tests {
         let live = written(&d);
         let mut changed = d.clone();
         changed.spec.as_mut().unwrap().deployment_id = "id-2".into();
-        let DeploymentStep::Write(op) = deployment_step("ws", "app", &changed, Some(&live)) else {
+        let DeploymentStep::Write(op) = deployment_step("ws", "app", &changed, Some(&live), None) else {
             panic!("expected a write");
         };
         let Op::Apply(apply) = *op else {
@@ -560,14 +572,14 @@ mod tests {
         let mut blocked = desired();
         blocked.spec = None;
         assert_eq!(
-            deployment_step("ws", "app", &blocked, None),
+            deployment_step("ws", "app", &blocked, None, None),
             DeploymentStep::Hold
         );
         let d = desired();
         let mut live = written(&d);
         live.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
         assert_eq!(
-            deployment_step("ws", "app", &d, Some(&live)),
+            deployment_step("ws", "app", &d, Some(&live), None),
             DeploymentStep::Hold
         );
     }
@@ -636,7 +648,7 @@ mod tests {
         };
         let copy = copy_of("db");
         let owner = copy_owner("app", "bd-uid".into());
-        let bd_labels = owned_labels("ws", "app", "east", "cns");
+        let bd_labels = owned_labels("ws", "app", "east", "cns", None);
         let to = CopyTarget {
             bundle_ns: "ws",
             cluster_ns: "cns",
@@ -750,7 +762,7 @@ mod tests {
             hash: hash::carried_hash(&policy),
         };
         let owner = copy_owner("app", "bd-uid".into());
-        let bd_labels = owned_labels("ws", "app", "east", "cluster-ns");
+        let bd_labels = owned_labels("ws", "app", "east", "cluster-ns", None);
         let to = CopyTarget {
             bundle_ns: "ws",
             cluster_ns: "cluster-ns",
