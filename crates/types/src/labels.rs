@@ -253,7 +253,16 @@ mod tests {
             let (_, name) = finalizer.split_once('/').unwrap();
             assert!(name.len() <= 63, "{finalizer}");
         }
-        for id in ["", "A", "a_b", "a.b", "-a", "a-", "é", &"x".repeat(MAX_SHARD_ID_LEN + 1)] {
+        for id in [
+            "",
+            "A",
+            "a_b",
+            "a.b",
+            "-a",
+            "a-",
+            "é",
+            &"x".repeat(MAX_SHARD_ID_LEN + 1),
+        ] {
             let err = validate_shard_id(id).unwrap_err();
             assert!(err.contains("invalid shard id"), "{err}");
         }

@@ -44,17 +44,12 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, ctx: Arc<Ctx>) -> Result<Acti
     let api: Api<Bundle> = Api::namespaced(ctx.client.clone(), &ns);
     // One finalizer per replica: each removes its own shard's BundleDeployments.
     let cleanup_finalizer = labels::bundle_cleanup_finalizer(ctx.config.shard_id.as_deref());
-    finalizer(
-        &api,
-        &cleanup_finalizer,
-        bundle,
-        |event| async {
-            match event {
-                Finalizer::Apply(b) => apply(&b, &ctx).await,
-                Finalizer::Cleanup(b) => cleanup(&b, &ctx).await,
-            }
-        },
-    )
+    finalizer(&api, &cleanup_finalizer, bundle, |event| async {
+        match event {
+            Finalizer::Apply(b) => apply(&b, &ctx).await,
+            Finalizer::Cleanup(b) => cleanup(&b, &ctx).await,
+        }
+    })
     .await
     .map_err(|source| Error::Finalizer {
         object,
@@ -257,7 +252,8 @@ async fn write_status(
         .filter_map(|c| c.labels().get(labels::SHARD).cloned())
         .collect();
     let mut facts = facts.clone();
-    let mut own_lines = upstream.unwrap_or_else(|| old.map(|o| o.upstream.clone()).unwrap_or_default());
+    let mut own_lines =
+        upstream.unwrap_or_else(|| old.map(|o| o.upstream.clone()).unwrap_or_default());
     let folded = status::fold_shards(&facts.summary, entries, &serving);
     facts.matched = usize::try_from(folded.summary.desired_ready).unwrap_or_default();
     facts.summary = folded.summary;

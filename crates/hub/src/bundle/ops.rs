@@ -554,7 +554,8 @@ mod tests {
         let live = written(&d);
         let mut changed = d.clone();
         changed.spec.as_mut().unwrap().deployment_id = "id-2".into();
-        let DeploymentStep::Write(op) = deployment_step("ws", "app", &changed, Some(&live), None) else {
+        let DeploymentStep::Write(op) = deployment_step("ws", "app", &changed, Some(&live), None)
+        else {
             panic!("expected a write");
         };
         let Op::Apply(apply) = *op else {

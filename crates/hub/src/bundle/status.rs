@@ -1,10 +1,10 @@
 //! Folding BundleDeployment states into Bundle and Cluster status. Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::BTreeSet;
 use tender_types::conditions::{
     self, TYPE_DEPLOYED, TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason,
 };
-use std::collections::BTreeSet;
 
 use tender_types::{
     BundleDeployment, BundleDisplay, BundleShardStatus, BundleStatus, BundleSummary,

@@ -1,0 +1,272 @@
+//! Hub sharding by Cluster label (issue 13, decision 62): three hubs in-process on one
+//! workspace — the unsharded replica and shards `a` and `b` — each serving the Clusters of its
+//! `tender.dev/shard` label. One Bundle reaches every shard's cluster, each replica writes only
+//! its own clusters' objects, the unsharded replica folds every shard's counts into the Bundle
+//! status, rotations reach all, idle means idle for every replica, a stopped replica leaves the
+//! others' clusters served, and moving a Cluster between shards keeps its objects (same uid).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::json;
+use tender_e2e::fixture::{WAIT, Workspace, app_bundle, secret_value, settled, stays, wait_secret};
+use tender_e2e::hub_harness::{HubHandle, hub_config, start_hub};
+use tender_e2e::{downstream_name, eventually, shared_env};
+use tender_hub::HubConfig;
+use tender_types::{Bundle, BundleSummary, Cluster, labels};
+
+/// A hub serving the workspace as shard `shard` (`None`: the unsharded replica), competing
+/// for its own Lease.
+fn shard_config(ws: &str, shard: Option<&str>) -> HubConfig {
+    let mut config = hub_config(ws);
+    config.shard_id = shard.map(str::to_string);
+    if let Some(leader) = config.leader_election.as_mut() {
+        leader.lease_name = labels::hub_lease_name(shard);
+    }
+    config
+}
+
+/// The Bundle's folded summary and its shard entries' summaries, by id.
+async fn bundle_counts(
+    ws: &Workspace,
+    name: &str,
+) -> kube::Result<(Option<BundleSummary>, Vec<(String, BundleSummary)>)> {
+    let b = Api::<Bundle>::namespaced(ws.hub.clone(), &ws.ns)
+        .get(name)
+        .await?;
+    let status = b.status.unwrap_or_default();
+    let shards = status
+        .shards
+        .into_iter()
+        .map(|e| (e.id, e.summary))
+        .collect();
+    Ok((status.summary, shards))
+}
+
+/// The copies in a cluster namespace.
+fn copies() -> ListParams {
+    ListParams::default().labels(labels::BUNDLE_NAME)
+}
+
+fn ready(desired: i32) -> BundleSummary {
+    BundleSummary {
+        desired_ready: desired,
+        ready: desired,
+        ..Default::default()
+    }
+}
+
+/// The shard label of an object's labels (`None`: unsharded).
+fn shard_of(labels: &std::collections::BTreeMap<String, String>) -> Option<&str> {
+    labels.get(labels::SHARD).map(String::as_str)
+}
+
+/// Waits until the downstream copy `db-creds` of cluster `downstream` holds `password`.
+async fn copy_reaches(ws: &Workspace, downstream: &str, target_ns: &str, password: &str) {
+    let down = ws.downstream(downstream).await;
+    wait_secret(
+        &down,
+        target_ns,
+        "db-creds",
+        &format!("db-creds = {password} on {downstream}"),
+        |s: &Secret| secret_value(s, "password").as_deref() == Some(password),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn shards_serve_their_clusters_fold_status_and_adopt_a_moved_cluster() {
+    let env = shared_env(3).await;
+    let ws = Workspace::without_hub(env, "shards").await;
+    let unsharded = start_hub(env, shard_config(&ws.ns, None)).await.unwrap();
+    let hub_a = start_hub(env, shard_config(&ws.ns, Some("a")))
+        .await
+        .unwrap();
+    let mut hub_b = Some(
+        start_hub(env, shard_config(&ws.ns, Some("b")))
+            .await
+            .unwrap(),
+    );
+
+    // One cluster per replica, each on its own downstream apiserver; each is provisioned (its
+    // namespace, labelled with its shard) by its own replica.
+    let (d_u, d_a, d_b) = (downstream_name(1), downstream_name(2), downstream_name(3));
+    let _u = ws.agent("u", &d_u).await;
+    let _a1 = ws.agent_labelled("a1", &d_a, &[(labels::SHARD, "a")]).await;
+    let _b1 = ws.agent_labelled("b1", &d_b, &[(labels::SHARD, "b")]).await;
+    let namespaces: Api<Namespace> = Api::all(ws.hub.clone());
+    for (cluster, shard) in [("u", None), ("a1", Some("a")), ("b1", Some("b"))] {
+        let ns = namespaces.get(&ws.cluster_ns(cluster)).await.unwrap();
+        assert_eq!(shard_of(ns.labels()), shard, "namespace of {cluster}");
+    }
+
+    ws.source_secret("db-creds", &[("password", "v1")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target_ns = "shards-app";
+    ws.bundle("app", app_bundle(&["u", "a1", "b1"], target_ns))
+        .await;
+    for (cluster, down) in [("u", &d_u), ("a1", &d_a), ("b1", &d_b)] {
+        ws.ready(cluster, "app").await;
+        copy_reaches(&ws, down, target_ns, "v1").await;
+    }
+
+    // Each replica wrote only its own clusters' objects: its shard label on the
+    // BundleDeployment and the copies, and one finalizer per replica on the Bundle.
+    let owned = [("u", None), ("a1", Some("a")), ("b1", Some("b"))];
+    for (cluster, shard) in owned {
+        let bd = ws.bds(cluster).get("app").await.unwrap();
+        assert_eq!(
+            shard_of(bd.labels()),
+            shard,
+            "BundleDeployment of {cluster}"
+        );
+        let copy = Api::<Secret>::namespaced(ws.hub.clone(), &ws.cluster_ns(cluster))
+            .list(&copies())
+            .await
+            .unwrap();
+        assert!(!copy.items.is_empty(), "copies of {cluster}");
+        for c in copy.items {
+            assert_eq!(
+                shard_of(c.labels()),
+                shard,
+                "copy {} of {cluster}",
+                c.name_any()
+            );
+        }
+    }
+    let bundles: Api<Bundle> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    let b = bundles.get("app").await.unwrap();
+    for shard in [None, Some("a"), Some("b")] {
+        let f = labels::bundle_cleanup_finalizer(shard);
+        assert!(b.finalizers().contains(&f), "{f} in {:?}", b.finalizers());
+    }
+
+    // The status folds every shard: 3/3 ready, entries a and b with one cluster each.
+    eventually("the Bundle status folds every shard", WAIT, || async {
+        let (summary, shards) = bundle_counts(&ws, "app").await?;
+        let want = vec![("a".to_string(), ready(1)), ("b".to_string(), ready(1))];
+        let mut shards = shards;
+        shards.sort_by(|x, y| x.0.cmp(&y.0));
+        Ok::<_, kube::Error>((summary == Some(ready(3)) && shards == want).then_some(()))
+    })
+    .await;
+    // Each entry belongs to its replica's field manager alone.
+    let b = bundles.get("app").await.unwrap();
+    for id in ["a", "b"] {
+        let manager = labels::shard_field_manager(id);
+        let entry = format!("\"k:{{\\\"id\\\":\\\"{id}\\\"}}\"");
+        let owners: Vec<String> = b
+            .managed_fields()
+            .iter()
+            .filter(|m| {
+                m.fields_v1
+                    .as_ref()
+                    .is_some_and(|f| f.0.to_string().contains(&entry))
+            })
+            .filter_map(|m| m.manager.clone())
+            .collect();
+        assert_eq!(owners, vec![manager], "owners of status.shards[{id}]");
+    }
+
+    // A rotation reaches every shard's cluster.
+    ws.source_secret("db-creds", &[("password", "v2")]).await;
+    for down in [&d_u, &d_a, &d_b] {
+        copy_reaches(&ws, down, target_ns, "v2").await;
+    }
+
+    // Idle: after the cluster summary delay, no replica writes anything over a window.
+    let hubs: [(&str, &HubHandle); 3] = [
+        ("unsharded", &unsharded),
+        ("a", &hub_a),
+        ("b", hub_b.as_ref().unwrap()),
+    ];
+    let quiet = Duration::from_secs(8);
+    for (name, hub) in hubs {
+        let settled_at = settled(&format!("replica {name}'s writes"), quiet, || async {
+            hub.writes()
+        })
+        .await;
+        stays(
+            &format!("replica {name}'s writes while idle"),
+            Duration::from_secs(5),
+            &settled_at,
+            || async { hub.writes() },
+        )
+        .await;
+    }
+
+    // Shard b's replica stops: the unsharded and shard a clusters are still served.
+    hub_b.take().unwrap().stop().await.unwrap();
+    ws.source_secret("db-creds", &[("password", "v3")]).await;
+    copy_reaches(&ws, &d_u, target_ns, "v3").await;
+    copy_reaches(&ws, &d_a, target_ns, "v3").await;
+    // …and b's cluster catches up once a replica of shard b runs again.
+    let hub_b = start_hub(env, shard_config(&ws.ns, Some("b")))
+        .await
+        .unwrap();
+    copy_reaches(&ws, &d_b, target_ns, "v3").await;
+
+    // Moving a1 from shard a to b is a label change: nothing is deleted, shard b adopts
+    // the BundleDeployment and its copies (same uids) and labels them as its own.
+    let uids = |items: Vec<Secret>| -> Vec<(String, String)> {
+        let mut v: Vec<_> = items
+            .iter()
+            .map(|s| (s.name_any(), s.uid().unwrap_or_default()))
+            .collect();
+        v.sort();
+        v
+    };
+    let a1_copies = Api::<Secret>::namespaced(ws.hub.clone(), &ws.cluster_ns("a1"));
+    let bd_before = ws.bds("a1").get("app").await.unwrap();
+    let copies_before = uids(a1_copies.list(&copies()).await.unwrap().items);
+    let ns_before = namespaces.get(&ws.cluster_ns("a1")).await.unwrap();
+    Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns)
+        .patch(
+            "a1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {labels::SHARD: "b"}}})),
+        )
+        .await
+        .unwrap();
+    eventually("shard b owns a1's objects", WAIT, || async {
+        let bd = ws.bds("a1").get("app").await?;
+        let ns = namespaces.get(&ws.cluster_ns("a1")).await?;
+        let copies = a1_copies.list(&copies()).await?.items;
+        let all_b = shard_of(bd.labels()) == Some("b")
+            && shard_of(ns.labels()) == Some("b")
+            && copies.iter().all(|c| shard_of(c.labels()) == Some("b"));
+        Ok::<_, kube::Error>(all_b.then_some(()))
+    })
+    .await;
+    let bd_after = ws.ready("a1", "app").await;
+    assert_eq!(bd_after.uid(), bd_before.uid(), "same BundleDeployment");
+    assert!(bd_after.metadata.deletion_timestamp.is_none());
+    let copies_after = uids(a1_copies.list(&copies()).await.unwrap().items);
+    assert_eq!(copies_after, copies_before, "same copies");
+    let ns_after = namespaces.get(&ws.cluster_ns("a1")).await.unwrap();
+    assert_eq!(ns_after.uid(), ns_before.uid(), "same cluster namespace");
+    // The folded status follows: a has no cluster left, b has two, still 3/3.
+    eventually(
+        "the Bundle status counts a1 under shard b",
+        WAIT,
+        || async {
+            let (summary, shards) = bundle_counts(&ws, "app").await?;
+            let b = shards
+                .iter()
+                .find(|(id, _)| id == "b")
+                .map(|(_, s)| s.clone());
+            Ok::<_, kube::Error>((summary == Some(ready(3)) && b == Some(ready(2))).then_some(()))
+        },
+    )
+    .await;
+    // The new owner serves it: a rotation reaches a1 through shard b (a stopped).
+    hub_a.stop().await.unwrap();
+    ws.source_secret("db-creds", &[("password", "v4")]).await;
+    copy_reaches(&ws, &d_a, target_ns, "v4").await;
+    copy_reaches(&ws, &d_b, target_ns, "v4").await;
+    hub_b.stop().await.unwrap();
+    unsharded.stop().await.unwrap();
+}
