@@ -7,13 +7,17 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
-use tender_e2e::fixture::{WAIT, Workspace, app_bundle, secret_value, settled, stays, wait_secret};
+use tender_e2e::fixture::{
+    WAIT, Workspace, app_bundle, create_namespace, secret_value, settled, stays, wait_secret,
+};
 use tender_e2e::hub_harness::{HubHandle, hub_config, start_hub};
-use tender_e2e::{downstream_name, eventually, shared_env};
+use tender_e2e::running::{Running, apply_hub_chart};
+use tender_e2e::{HUB, downstream_name, eventually, shared_env, unique_name};
 use tender_hub::HubConfig;
 use tender_types::{Bundle, BundleSummary, Cluster, labels};
 
@@ -269,4 +273,112 @@ async fn shards_serve_their_clusters_fold_status_and_adopt_a_moved_cluster() {
     copy_reaches(&ws, &d_b, target_ns, "v4").await;
     hub_b.stop().await.unwrap();
     unsharded.stop().await.unwrap();
+}
+
+/// The chart's `shards` value gives one Deployment per shard, and that Deployment, run as the
+/// binary it describes, holds its own Lease and serves only the Clusters of its shard.
+#[tokio::test]
+async fn the_chart_runs_one_deployment_per_shard_serving_only_its_clusters() {
+    let env = shared_env(3).await;
+    let ws = Workspace::without_hub(env, "shards-chart").await;
+    let release_ns = unique_name("tender-system");
+    create_namespace(&ws.hub, &release_ns).await;
+    apply_hub_chart(&ws.hub, &release_ns, &ws.ns, &["shards[0].id=c"]).await;
+    let deployment =
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(ws.hub.clone(), &release_ns)
+            .get("tender-hub-shard-c")
+            .await
+            .unwrap();
+    let mut shard_c = Running::start(env, HUB, &deployment, "tender-hub-shard-c-0", &[]).await;
+
+    // Its own Lease, held by its pod.
+    let leases: Api<Lease> = Api::namespaced(ws.hub.clone(), &release_ns);
+    eventually(
+        "Lease tender-hub-c held by the shard's pod",
+        WAIT,
+        || async {
+            let holder = leases
+                .get_opt("tender-hub-c")
+                .await?
+                .and_then(|l| l.spec?.holder_identity);
+            Ok::<_, kube::Error>((holder.as_deref() == Some("tender-hub-shard-c-0")).then_some(()))
+        },
+    )
+    .await;
+
+    // A Cluster of shard c is provisioned, its namespace labelled c; one without the label
+    // is not (no unsharded replica runs here).
+    ws.cluster_labelled("in-c", &[(labels::SHARD, "c")], json!({}))
+        .await;
+    let ns = Api::<Namespace>::all(ws.hub.clone())
+        .get(&ws.cluster_ns("in-c"))
+        .await
+        .unwrap();
+    assert_eq!(shard_of(ns.labels()), Some("c"));
+    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    let other: Cluster = serde_json::from_value(json!({
+        "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "unsharded"}, "spec": {}
+    }))
+    .unwrap();
+    clusters.create(&Default::default(), &other).await.unwrap();
+    stays(
+        "an unlabelled Cluster left alone by shard c",
+        Duration::from_secs(5),
+        &None,
+        || async {
+            let c = clusters.get("unsharded").await.unwrap();
+            c.status.and_then(|s| s.namespace)
+        },
+    )
+    .await;
+    shard_c.assert_running();
+}
+
+/// A shard id that is not a lowercase DNS label of at most 48 characters is refused with the
+/// same clear message by the binary, the library and the chart.
+#[tokio::test]
+async fn an_invalid_shard_id_is_refused_with_a_clear_error() {
+    let env = shared_env(3).await;
+    let hub_bin = &tender_e2e::binaries::tender_binaries().unwrap().hub;
+    for bad in ["Shard_A", "-a", &"x".repeat(49)] {
+        let out = std::process::Command::new(hub_bin)
+            .arg(format!("--shard-id={bad}"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "--shard-id {bad} accepted");
+        assert!(stderr.contains("invalid shard id"), "{stderr}");
+        assert!(
+            stderr.contains("lowercase letters, digits and '-'"),
+            "{stderr}"
+        );
+    }
+
+    // The library: `run` refuses before touching the apiserver.
+    let mut config = shard_config("unused", Some("Shard_A"));
+    config.leader_election = None;
+    let result =
+        tender_e2e::hub_harness::spawn_hub(&env.kubeconfig_as(HUB, tender_e2e::ADMIN_USER), config)
+            .await
+            .unwrap()
+            .stop()
+            .await;
+    let error = format!("{:#}", result.unwrap_err());
+    assert!(error.contains("invalid shard id"), "{error}");
+
+    // The chart: `helm template` fails naming the value.
+    let helm = tender_e2e::ensure_helm().unwrap();
+    let out = std::process::Command::new(helm)
+        .args(["template", "t"])
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/charts/tender-hub"))
+        .args(["--set", "shards[0].id=Shard_A"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("shards[].id \"Shard_A\" is invalid"),
+        "{stderr}"
+    );
 }
