@@ -271,6 +271,22 @@ async fn shards_serve_their_clusters_fold_status_and_adopt_a_moved_cluster() {
     ws.source_secret("db-creds", &[("password", "v4")]).await;
     copy_reaches(&ws, &d_a, target_ns, "v4").await;
     copy_reaches(&ws, &d_b, target_ns, "v4").await;
+
+    // Deleting the Bundle: each running replica removes its own BundleDeployments, and the
+    // finalizer of shard a — which serves no Cluster any more and is stopped — is dropped by
+    // the unsharded replica, so the deletion completes.
+    ws.delete_bundle("app").await;
+    eventually("the Bundle and its BundleDeployments gone", WAIT, || async {
+        let bundle = bundles.get_opt("app").await?;
+        let mut left = Vec::new();
+        for cluster in ["u", "a1", "b1"] {
+            if ws.bds(cluster).get_opt("app").await?.is_some() {
+                left.push(cluster);
+            }
+        }
+        Ok::<_, kube::Error>((bundle.is_none() && left.is_empty()).then_some(()))
+    })
+    .await;
     hub_b.stop().await.unwrap();
     unsharded.stop().await.unwrap();
 }

@@ -193,6 +193,14 @@ impl Ctx {
             .is_some_and(|c| !self.serves(&c))
     }
 
+    /// The shard ids the Clusters of `workspace` are labelled with.
+    pub(crate) fn shards_serving(&self, workspace: &str) -> std::collections::BTreeSet<String> {
+        self.clusters_in(workspace)
+            .iter()
+            .filter_map(|c| c.labels().get(labels::SHARD).cloned())
+            .collect()
+    }
+
     /// The Clusters of `workspace` this replica serves (see [`Self::serves`]).
     pub(crate) fn own_clusters_in(&self, workspace: &str) -> Vec<Arc<Cluster>> {
         let mut clusters = self.clusters_in(workspace);

@@ -246,11 +246,7 @@ async fn write_status(
     let ns = bundle.namespace().unwrap_or_default();
     // The other replicas' entries, for shards that still serve a Cluster here.
     let entries = old.map(|o| o.shards.as_slice()).unwrap_or_default();
-    let serving: BTreeSet<String> = ctx
-        .clusters_in(&ns)
-        .iter()
-        .filter_map(|c| c.labels().get(labels::SHARD).cloned())
-        .collect();
+    let serving = ctx.shards_serving(&ns);
     let mut facts = facts.clone();
     let mut own_lines =
         upstream.unwrap_or_else(|| old.map(|o| o.upstream.clone()).unwrap_or_default());
@@ -439,7 +435,12 @@ async fn write_cluster(
 /// downstream, and the garbage collector removes the copies with their BundleDeployment.
 async fn cleanup(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     let ns = bundle.namespace().unwrap_or_default();
-    ctx.sources.remove(&(ns, bundle.name_any()));
+    ctx.sources.remove(&(ns.clone(), bundle.name_any()));
+    if ctx.config.shard_id.is_none()
+        && let Some(op) = ops::stale_shard_finalizers(bundle, &ctx.shards_serving(&ns))
+    {
+        ctx.exec.execute(op).await?;
+    }
     let deletes: Vec<Op> = observe::deployments_of(ctx, bundle)
         .iter()
         .filter(|bd| bd.metadata.deletion_timestamp.is_none())
