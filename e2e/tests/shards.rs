@@ -276,16 +276,20 @@ async fn shards_serve_their_clusters_fold_status_and_adopt_a_moved_cluster() {
     // finalizer of shard a — which serves no Cluster any more and is stopped — is dropped by
     // the unsharded replica, so the deletion completes.
     ws.delete_bundle("app").await;
-    eventually("the Bundle and its BundleDeployments gone", WAIT, || async {
-        let bundle = bundles.get_opt("app").await?;
-        let mut left = Vec::new();
-        for cluster in ["u", "a1", "b1"] {
-            if ws.bds(cluster).get_opt("app").await?.is_some() {
-                left.push(cluster);
+    eventually(
+        "the Bundle and its BundleDeployments gone",
+        WAIT,
+        || async {
+            let bundle = bundles.get_opt("app").await?;
+            let mut left = Vec::new();
+            for cluster in ["u", "a1", "b1"] {
+                if ws.bds(cluster).get_opt("app").await?.is_some() {
+                    left.push(cluster);
+                }
             }
-        }
-        Ok::<_, kube::Error>((bundle.is_none() && left.is_empty()).then_some(()))
-    })
+            Ok::<_, kube::Error>((bundle.is_none() && left.is_empty()).then_some(()))
+        },
+    )
     .await;
     hub_b.stop().await.unwrap();
     unsharded.stop().await.unwrap();
@@ -382,6 +386,35 @@ async fn an_invalid_shard_id_is_refused_with_a_clear_error() {
             .await;
     let error = format!("{:#}", result.unwrap_err());
     assert!(error.contains("invalid shard id"), "{error}");
+
+    // A Cluster labelled with such an id (a valid label value) is served by no replica: the
+    // unsharded one says so in a Warning Event on it, and provisions nothing.
+    let ws = Workspace::without_hub(env, "shards-invalid").await;
+    let hub = start_hub(env, shard_config(&ws.ns, None)).await.unwrap();
+    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    let bad: Cluster = serde_json::from_value(json!({
+        "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "bad", "labels": {labels::SHARD: "Shard_A"}}, "spec": {}
+    }))
+    .unwrap();
+    clusters.create(&Default::default(), &bad).await.unwrap();
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(ws.hub.clone(), &ws.ns);
+    let note = eventually("an InvalidShard event on the Cluster", WAIT, || async {
+        let list = events.list(&ListParams::default()).await?;
+        Ok::<_, kube::Error>(list.items.into_iter().find_map(|e| {
+            let on_bad = e.regarding.as_ref()?.name.as_deref() == Some("bad");
+            (on_bad && e.reason.as_deref() == Some("InvalidShard")).then_some(e.note)
+        }))
+    })
+    .await
+    .unwrap_or_default();
+    assert!(note.contains("invalid shard id \"Shard_A\""), "{note}");
+    let c = clusters.get("bad").await.unwrap();
+    assert!(
+        c.status.and_then(|s| s.namespace).is_none(),
+        "not provisioned"
+    );
+    hub.stop().await.unwrap();
 
     // The chart: `helm template` fails naming the value.
     let helm = tender_e2e::ensure_helm().unwrap();

@@ -128,6 +128,8 @@ pub(crate) struct Ctx {
     /// A shard replica's writer of its own `status.shards` entry on Bundles, with its own field
     /// manager so server-side apply never removes another replica's entry (decision 62).
     pub shard_exec: Option<Executor>,
+    /// Clusters (uid, shard label) already warned about a shard id no replica can have.
+    pub invalid_shards: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 /// The status write of `K` `namespace/name` (server-side apply of `new` to the status

@@ -134,6 +134,7 @@ fn scope_controllers(
         upstream: Default::default(),
         summary_due: Mutex::default(),
         shard_exec,
+        invalid_shards: Mutex::default(),
     });
     let (feeds, inputs) = feeds(&ctx, events);
 

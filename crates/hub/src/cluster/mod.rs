@@ -39,6 +39,7 @@ pub(crate) async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Ac
     if !ctx.serves(&cluster) {
         // Another shard's (or it just moved there): forget it, touch nothing (decision 62).
         release(&cluster, &ctx);
+        warn_invalid_shard(&cluster, &ctx).await;
         return Ok(Action::await_change());
     }
     let workspace = cluster.namespace().unwrap_or_default();
@@ -75,6 +76,33 @@ fn release(cluster: &Cluster, ctx: &Ctx) {
     ctx.push.stop(&ObjectRef::from_obj(cluster));
     summary_due(ctx, key.clone(), false);
     ctx.provisioned.lock().expect("lock").remove(&key);
+}
+
+/// The unsharded replica's Warning Event on a Cluster whose shard label no replica can serve
+/// (not a valid shard id: CEL cannot see labels), once per Cluster and value per process.
+async fn warn_invalid_shard(cluster: &Cluster, ctx: &Ctx) {
+    let Some(value) = cluster.labels().get(labels::SHARD) else {
+        return;
+    };
+    let Err(why) = labels::validate_shard_id(value) else {
+        return;
+    };
+    if ctx.config.shard_id.is_some() {
+        return;
+    }
+    let key = (cluster.uid().unwrap_or_default(), value.clone());
+    if !ctx.invalid_shards.lock().expect("lock").insert(key) {
+        return;
+    }
+    let note = format!("{why}; no hub replica serves this Cluster until the label is fixed");
+    ctx.event(
+        &cluster.object_ref(&()),
+        EventType::Warning,
+        "InvalidShard",
+        "Serve",
+        note,
+    )
+    .await;
 }
 
 /// Labels every object of `access` with the serving replica's shard (none: unsharded), so
