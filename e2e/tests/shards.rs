@@ -201,6 +201,19 @@ async fn shards_serve_their_clusters_fold_status_and_adopt_a_moved_cluster() {
         )
         .await;
     }
+    // …and no reconcile keeps waking another: the replicas' reconciles stop too.
+    let reconciles = || async {
+        let hubs = [&unsharded, &hub_a, hub_b.as_ref().unwrap()];
+        hubs.map(|h| (h.reconciles("bundle"), h.reconciles("cluster")))
+    };
+    let quiet_reconciles = settled("the replicas' reconciles", quiet, reconciles).await;
+    stays(
+        "the replicas' reconciles while idle",
+        Duration::from_secs(5),
+        &quiet_reconciles,
+        reconciles,
+    )
+    .await;
 
     // Shard b's replica stops: the unsharded and shard a clusters are still served.
     hub_b.take().unwrap().stop().await.unwrap();
