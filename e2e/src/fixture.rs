@@ -95,10 +95,17 @@ impl Workspace {
     /// Creates Cluster `name` (label `env=test`) with `spec` in the workspace and waits for
     /// its namespace.
     pub async fn cluster_with_spec(&self, name: &str, spec: Value) {
+        self.cluster_labelled(name, &[], spec).await;
+    }
+
+    /// Like [`cluster_with_spec`](Self::cluster_with_spec), with `labels` besides `env=test`.
+    pub async fn cluster_labelled(&self, name: &str, labels: &[(&str, &str)], spec: Value) {
         let clusters: Api<Cluster> = Api::namespaced(self.hub.clone(), &self.ns);
+        let mut all = BTreeMap::from([("env".to_string(), "test".to_string())]);
+        all.extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         let cluster: Cluster = serde_json::from_value(json!({
             "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
-            "metadata": {"name": name, "labels": {"env": "test"}},
+            "metadata": {"name": name, "labels": all},
             "spec": spec
         }))
         .unwrap();
@@ -121,7 +128,16 @@ impl Workspace {
     /// returns the agent's hub kubeconfig (its narrow identity) and an agent configuration
     /// with a 2 s heartbeat.
     pub async fn register(&self, name: &str) -> (String, AgentConfig) {
-        self.cluster(name).await;
+        self.register_labelled(name, &[]).await
+    }
+
+    /// Like [`register`](Self::register), the Cluster labelled `labels` besides `env=test`.
+    pub async fn register_labelled(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> (String, AgentConfig) {
+        self.cluster_labelled(name, labels, json!({})).await;
         let kubeconfig = agent_kubeconfig(self.env, &self.hub, &self.ns, name)
             .await
             .unwrap();
@@ -157,6 +173,27 @@ impl Workspace {
         let down = self.env.kubeconfig_as(downstream, ADMIN_USER);
         let (kubeconfig, mut config) = self.register(cluster).await;
         configure(&mut config);
+        let handle = start_agent_with(&kubeconfig, &down, config.clone())
+            .await
+            .unwrap();
+        Agent {
+            kubeconfig,
+            downstream_kubeconfig: down,
+            config,
+            downstream: downstream.to_string(),
+            handle: Some(handle),
+        }
+    }
+
+    /// Like [`agent`](Self::agent), the Cluster labelled `labels` (e.g. its hub shard).
+    pub async fn agent_labelled(
+        &self,
+        cluster: &str,
+        downstream: &str,
+        labels: &[(&str, &str)],
+    ) -> Agent {
+        let down = self.env.kubeconfig_as(downstream, ADMIN_USER);
+        let (kubeconfig, config) = self.register_labelled(cluster, labels).await;
         let handle = start_agent_with(&kubeconfig, &down, config.clone())
             .await
             .unwrap();

@@ -125,7 +125,8 @@ impl Running {
             .await
             .unwrap()
             .expect("building the binaries");
-        let program = if deployment.name_any() == "tender-hub" {
+        // `tender-hub` and its shards' `tender-hub-shard-<id>`; the agent's is `tender-agent`.
+        let program = if deployment.name_any().starts_with("tender-hub") {
             &bins.hub
         } else {
             &bins.agent

@@ -127,7 +127,11 @@ async fn hub_chart_objects_are_accepted_by_the_hub_apiserver() {
     // The chart's crds/ directory is what `helm install` applies first.
     install_crds(&client).await.unwrap();
     let ns = unique_name("tender-system");
-    let objects = template("tender-hub", &ns, &["workspaceNamespaces={tender-default}"]);
+    let objects = template(
+        "tender-hub",
+        &ns,
+        &["workspaceNamespaces={tender-default}", "shards[0].id=eu"],
+    );
     let kinds: Vec<_> = objects
         .iter()
         .map(|o| o.types.as_ref().unwrap().kind.as_str())
@@ -147,6 +151,13 @@ async fn hub_chart_objects_are_accepted_by_the_hub_apiserver() {
         .unwrap();
     let env_vars = deployment.data["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
     assert!(env_vars.contains("EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM"));
+    // `shards`: one more Deployment per shard id (decision 62).
+    let deployments: Vec<_> = objects
+        .iter()
+        .filter(|o| o.types.as_ref().unwrap().kind == "Deployment")
+        .map(|o| o.metadata.name.clone().unwrap())
+        .collect();
+    assert_eq!(deployments, ["tender-hub", "tender-hub-shard-eu"]);
     dry_run_apply(&client, &ns, &objects).await;
 }
 

@@ -156,12 +156,15 @@ where
 /// Starts (lazily: nothing runs until the event streams are polled) the caches of `scope`.
 pub(crate) fn caches(
     scope: &Scope,
+    shard: Option<&str>,
     client: &Client,
     discovered: &[DiscoveredKind],
 ) -> (Stores, CacheEvents) {
     let all = watcher::Config::default();
-    // What the hub writes into cluster namespaces carries the workspace label.
-    let in_workspaces = watcher::Config::default().labels(&scope.workspace_selector());
+    // What the hub writes into cluster namespaces carries the workspace label and this
+    // replica's shard label (decision 62). Clusters are cached whole: leaving the shard is a
+    // label change here, not a deletion.
+    let in_workspaces = watcher::Config::default().labels(&scope.shard_selector(shard));
     // Sources: metadata only, never copies (which carry the bundle-name label).
     let not_copies = watcher::Config::default().labels(&format!("!{}", labels::BUNDLE_NAME));
 

@@ -46,6 +46,16 @@ impl Scope {
         }
     }
 
+    /// Label selector for what the replica serving `shard` wrote into cluster namespaces of
+    /// this scope: the workspace label and its shard label (absent for the unsharded replica).
+    pub(crate) fn shard_selector(&self, shard: Option<&str>) -> String {
+        let own = match shard {
+            Some(id) => format!("{}={id}", labels::SHARD),
+            None => format!("!{}", labels::SHARD),
+        };
+        format!("{},{own}", self.workspace_selector())
+    }
+
     /// Short description for logs.
     pub(crate) fn describe(&self) -> String {
         match self {
@@ -115,6 +125,11 @@ pub(crate) struct Ctx {
     /// Clusters (workspace, name) whose status differs from the written one only by the
     /// BundleDeployment summary, and when that summary is due (decision 53).
     pub summary_due: Mutex<HashMap<(String, String), std::time::Instant>>,
+    /// A shard replica's writer of its own `status.shards` entry on Bundles, with its own field
+    /// manager so server-side apply never removes another replica's entry (decision 62).
+    pub shard_exec: Option<Executor>,
+    /// Clusters (uid, shard label) already warned about a shard id no replica can have.
+    pub invalid_shards: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 /// The status write of `K` `namespace/name` (server-side apply of `new` to the status
@@ -152,7 +167,50 @@ where
 }
 
 impl Ctx {
-    /// The Clusters of `workspace` that are not being deleted, from the cache.
+    /// Whether this replica serves `cluster`: its shard label names this replica's shard id
+    /// (or, for the unsharded replica, it has none).
+    pub(crate) fn serves(&self, cluster: &Cluster) -> bool {
+        cluster.labels().get(labels::SHARD).map(String::as_str) == self.config.shard_id.as_deref()
+    }
+
+    /// Whether the Cluster an object in a cluster namespace belongs to (from its workspace and
+    /// cluster labels) exists and is served by another replica: never delete such an object,
+    /// the other replica adopts it (a Cluster leaving this shard is not a deletion).
+    pub(crate) fn served_elsewhere(&self, labels: &BTreeMap<String, String>) -> bool {
+        match (labels.get(labels::WORKSPACE), labels.get(labels::CLUSTER)) {
+            (Some(workspace), Some(cluster)) => self.cluster_served_elsewhere(workspace, cluster),
+            _ => false,
+        }
+    }
+
+    /// Whether Cluster `workspace`/`cluster_label` (its `tender.dev/cluster` label value)
+    /// exists and is served by another replica.
+    pub(crate) fn cluster_served_elsewhere(&self, workspace: &str, cluster_label: &str) -> bool {
+        self.stores
+            .clusters
+            .find(|c| {
+                c.namespace().as_deref() == Some(workspace)
+                    && labels::safe_label_value(&c.name_any()) == cluster_label
+            })
+            .is_some_and(|c| !self.serves(&c))
+    }
+
+    /// The shard ids the Clusters of `workspace` are labelled with.
+    pub(crate) fn shards_serving(&self, workspace: &str) -> std::collections::BTreeSet<String> {
+        self.clusters_in(workspace)
+            .iter()
+            .filter_map(|c| c.labels().get(labels::SHARD).cloned())
+            .collect()
+    }
+
+    /// The Clusters of `workspace` this replica serves (see [`Self::serves`]).
+    pub(crate) fn own_clusters_in(&self, workspace: &str) -> Vec<Arc<Cluster>> {
+        let mut clusters = self.clusters_in(workspace);
+        clusters.retain(|c| self.serves(c));
+        clusters
+    }
+
+    /// The Clusters of `workspace` that are not being deleted, from the cache (every shard's).
     pub(crate) fn clusters_in(&self, workspace: &str) -> Vec<Arc<Cluster>> {
         self.stores
             .clusters

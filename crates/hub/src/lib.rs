@@ -73,6 +73,10 @@ pub struct HubConfig {
     /// How long a Cluster status change that only moves its BundleDeployment summary waits
     /// before it is written, so the summary's transient states coalesce (decision 53).
     pub cluster_summary_delay: Duration,
+    /// Serve only Clusters labelled `tender.dev/shard=<id>` (`--shard-id`); `None` serves the
+    /// Clusters without that label and folds every shard's entry into Bundle status
+    /// (decision 62). Checked by [`tender_types::labels::validate_shard_id`].
+    pub shard_id: Option<String>,
 }
 
 impl Default for HubConfig {
@@ -90,6 +94,7 @@ impl Default for HubConfig {
             )
             .expect("the default copyable kinds parse"),
             cluster_summary_delay: DEFAULT_CLUSTER_SUMMARY_DELAY,
+            shard_id: None,
         }
     }
 }
@@ -219,6 +224,9 @@ pub async fn run(
     health: Health,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), Error> {
+    if let Some(id) = &config.shard_id {
+        tender_types::labels::validate_shard_id(id).map_err(Error::Config)?;
+    }
     let config = Arc::new(config);
     let mut shutdown = std::pin::pin!(shutdown);
     let Some(leader) = config.leader_election.clone() else {

@@ -38,9 +38,14 @@ struct Args {
     /// Namespace of the leader Lease (defaults to the pod's namespace, else tender-system).
     #[arg(long, env = "POD_NAMESPACE", default_value = "tender-system")]
     lease_namespace: String,
-    /// Name of the leader Lease.
-    #[arg(long, env = "TENDER_LEASE_NAME", default_value = "tender-hub")]
-    lease_name: String,
+    /// Name of the leader Lease [default: tender-hub, or tender-hub-<shard id> with --shard-id].
+    #[arg(long, env = "TENDER_LEASE_NAME")]
+    lease_name: Option<String>,
+    /// Serve only Clusters labelled tender.dev/shard=<id> (a lowercase DNS label, at most 48
+    /// characters); without it, the Clusters without that label, and fold every shard's counts
+    /// into Bundle status. Run exactly one replica set without a shard id.
+    #[arg(long, env = "TENDER_SHARD_ID", value_parser = parse_shard_id)]
+    shard_id: Option<String>,
     /// This replica's identity in the Lease and on Events.
     #[arg(long, env = "POD_NAME", default_value = "tender-hub")]
     pod_name: String,
@@ -73,6 +78,10 @@ struct Args {
     copyable_kinds: String,
 }
 
+fn parse_shard_id(id: &str) -> Result<String, String> {
+    tender_types::labels::validate_shard_id(id).map(|()| id.to_string())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -87,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
         copy_resources_downstream = copy,
         workspaces = ?args.workspace_namespaces,
         leader_election = args.leader_election,
+        shard = ?args.shard_id,
         allow_kubeconfig_exec = args.allow_kubeconfig_exec,
         "starting tender-hub"
     );
@@ -112,7 +122,10 @@ async fn main() -> anyhow::Result<()> {
         workspace_namespaces: args.workspace_namespaces,
         leader_election: args.leader_election.then(|| LeaderConfig {
             namespace: args.lease_namespace,
-            lease_name: args.lease_name,
+            lease_name: args
+                .lease_name
+                .clone()
+                .unwrap_or_else(|| tender_types::labels::hub_lease_name(args.shard_id.as_deref())),
             identity: args.pod_name.clone(),
         }),
         agent_offline_after: std::time::Duration::from_secs(args.agent_offline_after_seconds),
@@ -124,6 +137,7 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         },
         upstream_max_bytes: args.upstream_max_bytes,
+        shard_id: args.shard_id,
         copyable_kinds: tender_types::copy::CopyableKind::parse_list(&args.copyable_kinds)
             .map_err(anyhow::Error::msg)
             .context("--copyable-kinds")?,

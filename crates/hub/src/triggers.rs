@@ -200,6 +200,9 @@ fn changed<K>(event: &watcher::Event<K>) -> Option<(&K, bool)> {
 fn forget<K: Resource<DynamicType = ()>>(ctx: &Ctx, obj: &K) {
     let key = ObjectKey::of::<K>(obj.meta().namespace.as_deref(), &obj.name_any());
     ctx.exec.memo().forget(&key);
+    if let Some(exec) = &ctx.shard_exec {
+        exec.memo().forget(&key);
+    }
 }
 
 fn key_of(parts: impl Hash) -> u64 {
@@ -221,10 +224,28 @@ fn bundle_of(meta: &ObjectMeta) -> Option<ObjectRef<Bundle>> {
 /// Bundles: their own controller (status memo retired first), and the HelmOp of the same
 /// name, if there is one (its Bundle's spec, status or deletion).
 fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<'static, ()> {
+    // A shard replica wakes only for what it acts on: every replica's status write reaches
+    // every replica, and reconciling each other's entries multiplied the Bundle reconciles by
+    // the replica count (decision 62).
+    let shard = ctx.config.shard_id.clone();
+    let mut seen: HashMap<ObjectRef<Bundle>, u64> = HashMap::new();
     drive(events, move |event| {
         if let Some((b, deleted)) = touched(event) {
             forget(&ctx, b);
-            if !deleted {
+            let wake = match &shard {
+                None => true,
+                Some(id) => {
+                    let r = ObjectRef::from_obj(b);
+                    if deleted {
+                        seen.remove(&r);
+                        true
+                    } else {
+                        let key = shard_wake_key(b, id);
+                        seen.insert(r, key) != Some(key)
+                    }
+                }
+            };
+            if !deleted && wake {
                 let _ = t.bundles.unbounded_send(Arc::new(b.clone()));
             }
             let h =
@@ -234,6 +255,26 @@ fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<
             }
         }
     })
+}
+
+/// What a shard replica `id` acts on in a Bundle: its spec (generation), deletion, finalizers,
+/// labels and annotations, and its own status entry (so a removed entry is written again) —
+/// not the other replicas' entries nor the folded status.
+fn shard_wake_key(b: &Bundle, id: &str) -> u64 {
+    let own = b
+        .status
+        .as_ref()
+        .and_then(|s| s.shards.iter().find(|e| e.id == id))
+        .map(|e| serde_json::to_string(e).unwrap_or_default());
+    let m = b.meta();
+    key_of((
+        m.generation,
+        m.deletion_timestamp.is_some(),
+        &m.finalizers,
+        &m.labels,
+        &m.annotations,
+        own,
+    ))
 }
 
 /// HelmOps: their own controller (status memo retired first).
@@ -529,4 +570,59 @@ fn meta_events<K: Clone + Send + 'static>(
             watcher::Event::InitDone => watcher::Event::InitDone,
         })
         .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tender_types::{BundleShardStatus, BundleStatus, BundleSummary};
+
+    fn bundle(generation: i64, shards: Vec<BundleShardStatus>, ready: i32) -> Bundle {
+        let mut b: Bundle = serde_json::from_value(serde_json::json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
+            "metadata": {"name": "app", "namespace": "ws", "generation": generation},
+            "spec": {}
+        }))
+        .unwrap();
+        let mut status = BundleStatus {
+            shards,
+            ..Default::default()
+        };
+        status.summary = Some(BundleSummary {
+            ready,
+            ..Default::default()
+        });
+        b.status = Some(status);
+        b
+    }
+
+    fn entry(id: &str, ready: i32) -> BundleShardStatus {
+        let mut e = BundleShardStatus {
+            id: id.into(),
+            ..Default::default()
+        };
+        e.summary.ready = ready;
+        e
+    }
+
+    #[test]
+    fn a_shard_wakes_for_spec_and_its_own_entry_not_for_the_others() {
+        let base = shard_wake_key(&bundle(1, vec![entry("a", 1), entry("b", 1)], 2), "a");
+        // Another shard's entry and the folded summary: no wake.
+        let others = bundle(1, vec![entry("a", 1), entry("b", 2)], 3);
+        assert_eq!(shard_wake_key(&others, "a"), base);
+        // A new generation, or its own entry changed or removed: wake.
+        assert_ne!(
+            shard_wake_key(&bundle(2, vec![entry("a", 1), entry("b", 1)], 2), "a"),
+            base
+        );
+        assert_ne!(
+            shard_wake_key(&bundle(1, vec![entry("a", 2), entry("b", 1)], 2), "a"),
+            base
+        );
+        assert_ne!(
+            shard_wake_key(&bundle(1, vec![entry("b", 1)], 2), "a"),
+            base
+        );
+    }
 }

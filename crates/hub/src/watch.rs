@@ -80,7 +80,7 @@ fn scope_controllers(
     BoxFuture<'static, Result<(), Error>>,
     BoxFuture<'static, ()>,
 ) {
-    let (stores, events) = caches(&scope, &client, discovered);
+    let (stores, events) = caches(&scope, config.shard_id.as_deref(), &client, discovered);
     // Push tasks report state changes here; the Cluster controller writes them to status.
     let (push_tx, push_rx) = futures::channel::mpsc::unbounded();
     let push = crate::push::Push::new(
@@ -104,6 +104,21 @@ fn scope_controllers(
         recorder,
         metrics.clone(),
     );
+    let shard_exec = config.shard_id.as_deref().map(|id| {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: labels::HUB_FIELD_MANAGER.to_string(),
+                instance: Some(config.instance.clone()),
+            },
+        );
+        Executor::new(
+            client.clone(),
+            &labels::shard_field_manager(id),
+            recorder,
+            metrics.clone(),
+        )
+    });
     let ctx = Arc::new(Ctx {
         client,
         config,
@@ -118,6 +133,8 @@ fn scope_controllers(
         bd_names: Default::default(),
         upstream: Default::default(),
         summary_due: Mutex::default(),
+        shard_exec,
+        invalid_shards: Mutex::default(),
     });
     let (feeds, inputs) = feeds(&ctx, events);
 
@@ -179,14 +196,22 @@ async fn run(
         .reconcile_on(push_states)
         .run(cluster::reconcile, cluster::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
-    let group_controller = Controller::for_shared_stream(groups, s.groups)
-        .reconcile_on(group)
-        .run(group::reconcile, group::error_policy, ctx.clone())
-        .for_each(|_| futures::future::ready(()));
-    let bundle_controller = Controller::for_shared_stream(bundles, s.bundles)
+    let bundle_controller = Controller::for_shared_stream(bundles, s.bundles.clone())
         .reconcile_all_on(all_bundles)
         .reconcile_on(bundle)
         .run(bundle::reconcile, bundle::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    // ClusterGroup counts (every replica caches every Cluster) and HelmOps (their Bundle and
+    // the folded Bundle status) are the unsharded replica's alone (decision 62); a shard
+    // replica drops their trigger streams, so nothing queues up for them.
+    if ctx.config.shard_id.is_some() {
+        drop((groups, group, helmops, helmop));
+        tokio::join!(cluster_controller, bundle_controller);
+        return;
+    }
+    let group_controller = Controller::for_shared_stream(groups, s.groups)
+        .reconcile_on(group)
+        .run(group::reconcile, group::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     let helmop_controller = Controller::for_shared_stream(helmops, s.helmops)
         .reconcile_on(helmop)

@@ -341,6 +341,29 @@ pub struct BundleStatus {
     /// Reverse sync: which cluster published which upstreamResources entry, and how fresh it is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upstream: Vec<crate::upstream::UpstreamPublication>,
+
+    /// Sharded hubs: one entry per shard replica (`--shard-id`), each written by that replica
+    /// alone; the unsharded replica folds them into `summary` and the conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = crate::schema::id_list_map)]
+    pub shards: Vec<BundleShardStatus>,
+}
+
+/// What one shard replica of the hub reports on a Bundle: its own Clusters only.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleShardStatus {
+    /// The shard id (`tender.dev/shard` label value of the Clusters it serves).
+    pub id: String,
+    /// metadata.generation of the Bundle this entry describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Counts of the shard's BundleDeployments of this Bundle by state.
+    #[serde(default)]
+    pub summary: BundleSummary,
+    /// Reverse sync lines of the shard's Clusters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<crate::upstream::UpstreamPublication>,
 }
 
 /// Counts of BundleDeployments by state (for a Bundle) or of a cluster's BundleDeployments (for a Cluster).

@@ -80,6 +80,52 @@ pub const CLUSTER_CLEANUP_FINALIZER: &str = "tender.dev/cluster-cleanup";
 /// references cannot cross namespaces).
 pub const BUNDLE_CLEANUP_FINALIZER: &str = "tender.dev/bundle-cleanup";
 
+/// Label on Clusters: the hub shard (`--shard-id`) that serves them; unlabelled Clusters are
+/// served by the replica without a shard id. The hub sets it on everything it writes into the
+/// cluster's namespace, and each replica's caches select on it.
+pub const SHARD: &str = "tender.dev/shard";
+/// Longest shard id: it ends up in a finalizer name (63 characters after the `/`).
+pub const MAX_SHARD_ID_LEN: usize = 48;
+
+/// Checks a shard id: a lowercase RFC 1123 label (a valid label value that can also name a
+/// Lease and a finalizer) of at most [`MAX_SHARD_ID_LEN`] characters.
+pub fn validate_shard_id(id: &str) -> Result<(), String> {
+    let ok_chars = id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    let ok_ends = id.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && id.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric());
+    if id.len() <= MAX_SHARD_ID_LEN && ok_chars && ok_ends {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid shard id {id:?}: it is the value of the {SHARD} label on Clusters and part of a Lease and finalizer name, so it must be lowercase letters, digits and '-', start and end with a letter or digit, and be at most {MAX_SHARD_ID_LEN} characters"
+        ))
+    }
+}
+
+/// The Bundle finalizer of the hub replica serving `shard` (`None`: the unsharded replica),
+/// so each replica removes its own BundleDeployments before a Bundle goes.
+pub fn bundle_cleanup_finalizer(shard: Option<&str>) -> String {
+    match shard {
+        None => BUNDLE_CLEANUP_FINALIZER.to_string(),
+        Some(id) => format!("{BUNDLE_CLEANUP_FINALIZER}-{id}"),
+    }
+}
+
+/// Field manager of the `status.shards` entry a shard replica writes on Bundles.
+pub fn shard_field_manager(id: &str) -> String {
+    format!("{HUB_FIELD_MANAGER}-shard-{id}")
+}
+
+/// The default leader Lease of the hub replica serving `shard`.
+pub fn hub_lease_name(shard: Option<&str>) -> String {
+    match shard {
+        None => HUB_FIELD_MANAGER.to_string(),
+        Some(id) => format!("{HUB_FIELD_MANAGER}-{id}"),
+    }
+}
+
 /// Finalizer on HelmOps: the hub brings the HelmOp's last spec (`keepResources`) to its
 /// Bundle before deleting that Bundle.
 pub const HELMOP_CLEANUP_FINALIZER: &str = "tender.dev/helmop-cleanup";
@@ -187,6 +233,7 @@ mod tests {
             AGENT_CLEANUP_FINALIZER,
             CLUSTER_CLEANUP_FINALIZER,
             BUNDLE_CLEANUP_FINALIZER,
+            SHARD,
         ] {
             assert!(is_tender_key(key), "{key}");
             assert!(!is_copied_metadata_key(key), "{key}");
@@ -195,6 +242,33 @@ mod tests {
         assert!(!is_copied_metadata_key(
             "kubectl.kubernetes.io/last-applied-configuration"
         ));
+    }
+
+    #[test]
+    fn shard_ids_are_label_values_that_name_leases_and_finalizers() {
+        for id in ["a", "shard-1", "eu-west-2", &"x".repeat(MAX_SHARD_ID_LEN)] {
+            assert_eq!(validate_shard_id(id), Ok(()), "{id}");
+            assert!(is_label_value(id));
+            let finalizer = bundle_cleanup_finalizer(Some(id));
+            let (_, name) = finalizer.split_once('/').unwrap();
+            assert!(name.len() <= 63, "{finalizer}");
+        }
+        for id in [
+            "",
+            "A",
+            "a_b",
+            "a.b",
+            "-a",
+            "a-",
+            "é",
+            &"x".repeat(MAX_SHARD_ID_LEN + 1),
+        ] {
+            let err = validate_shard_id(id).unwrap_err();
+            assert!(err.contains("invalid shard id"), "{err}");
+        }
+        assert_eq!(bundle_cleanup_finalizer(None), BUNDLE_CLEANUP_FINALIZER);
+        assert_eq!(hub_lease_name(Some("a")), "tender-hub-a");
+        assert_eq!(shard_field_manager("a"), "tender-hub-shard-a");
     }
 
     #[test]

@@ -23,8 +23,8 @@ pub mod upstream;
 mod schema;
 
 pub use bundle::{
-    Bundle, BundleDisplay, BundleSpec, BundleStatus, BundleSummary, BundleTarget, CorrectDrift,
-    DownstreamResource, Manifest, SourceKind,
+    Bundle, BundleDisplay, BundleShardStatus, BundleSpec, BundleStatus, BundleSummary,
+    BundleTarget, CorrectDrift, DownstreamResource, Manifest, SourceKind,
 };
 pub use bundle_deployment::{
     BundleDeployment, BundleDeploymentDisplay, BundleDeploymentOptions, BundleDeploymentSpec,

@@ -162,6 +162,13 @@ pub(crate) fn conditions_list_map(schema: &mut Schema) {
     schema.insert("x-kubernetes-list-map-keys".into(), json!(["type"]));
 }
 
+/// Marks a list as a map keyed on `id`: server-side apply merges entries by id, so each
+/// writer (field manager) owns only its own entry.
+pub(crate) fn id_list_map(schema: &mut Schema) {
+    schema.insert("x-kubernetes-list-type".into(), json!("map"));
+    schema.insert("x-kubernetes-list-map-keys".into(), json!(["id"]));
+}
+
 /// Marks a list as a map keyed on `(kind, name)`: the apiserver rejects duplicate entries.
 pub(crate) fn kind_name_list_map(schema: &mut Schema) {
     schema.insert("x-kubernetes-list-type".into(), json!("map"));

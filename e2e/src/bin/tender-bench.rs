@@ -98,6 +98,10 @@ struct Args {
     /// Targets (namespaces) in `--peers` mode.
     #[arg(long, default_value_t = 50)]
     targets: usize,
+    /// Hub replicas: every size runs with one replica, then with this many (the unsharded one
+    /// plus shards `s1`..), Clusters spread evenly over them by label (1: one run).
+    #[arg(long, default_value_t = 1)]
+    shards: usize,
     /// Also write the figures as JSON to this file (e.g. docs/benchmarks/<date>-n1000.json).
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -196,18 +200,105 @@ struct Snap {
     cpu: [f64; 4],
 }
 
-fn snap(hub: &HubHandle, pids: &Pids) -> Snap {
-    let text = hub.metrics.encode();
-    let errors = text
-        .lines()
-        .filter(|l| l.starts_with("reconcile_errors_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
+/// The counters of every replica, summed.
+fn snap(hubs: &[HubHandle], pids: &Pids) -> Snap {
+    let mut requests: BTreeMap<(String, String, String), u64> = BTreeMap::new();
+    let mut reconciles = [0; 3];
+    for hub in hubs {
+        let text = hub.metrics.encode();
+        let errors: u64 = text
+            .lines()
+            .filter(|l| l.starts_with("reconcile_errors_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum();
+        for (verb, res, sub, n) in request_series(&text) {
+            *requests.entry((verb, res, sub)).or_default() += n;
+        }
+        reconciles[0] += hub.reconciles("cluster");
+        reconciles[1] += hub.reconciles("bundle");
+        reconciles[2] += errors;
+    }
     Snap {
-        requests: request_series(&text),
-        reconciles: [hub.reconciles("cluster"), hub.reconciles("bundle"), errors],
+        requests: requests
+            .into_iter()
+            .map(|((verb, res, sub), n)| (verb, res, sub, n))
+            .collect(),
+        reconciles,
         cpu: cpu_now(pids),
     }
+}
+
+/// Write requests of every replica.
+fn writes(hubs: &[HubHandle]) -> u64 {
+    hubs.iter().map(HubHandle::writes).sum()
+}
+
+/// The shard of replica `i` of `k` (`None`: the unsharded replica, index 0).
+fn shard_id(i: usize) -> Option<String> {
+    (i > 0).then(|| format!("s{i}"))
+}
+
+/// What one replica caches of the per-cluster objects (its selectors' objects, counted on
+/// the apiserver), after the fan-out: the part of memory sharding divides.
+struct ReplicaCache {
+    shard: Option<String>,
+    clusters: usize,
+    bundle_deployments: usize,
+    copies: usize,
+    namespaces: usize,
+    /// JSON bytes of those objects as cached (BundleDeployments whole, the rest metadata;
+    /// managedFields dropped).
+    bytes: usize,
+}
+
+async fn replica_caches(admin: &kube::Client, k: usize, n: usize) -> Result<Vec<ReplicaCache>> {
+    let mut out = Vec::new();
+    for i in 0..k {
+        let shard = shard_id(i);
+        let own = match &shard {
+            Some(id) => format!("{}={WORKSPACE},{}={id}", labels::WORKSPACE, labels::SHARD),
+            None => format!("{}={WORKSPACE},!{}", labels::WORKSPACE, labels::SHARD),
+        };
+        let lp = ListParams::default().labels(&own);
+        let copies = ListParams::default().labels(&format!("{own},{}", labels::BUNDLE_NAME));
+        let size = |v: serde_json::Value| serde_json::to_vec(&v).map_or(0, |b| b.len());
+        let strip = |mut m: ObjectMeta| {
+            m.managed_fields = None;
+            m
+        };
+        let bds = Api::<BundleDeployment>::all(admin.clone())
+            .list(&lp)
+            .await?;
+        let secrets = Api::<Secret>::all(admin.clone())
+            .list_metadata(&copies)
+            .await?;
+        let cms = Api::<ConfigMap>::all(admin.clone())
+            .list_metadata(&copies)
+            .await?;
+        let nss = Api::<Namespace>::all(admin.clone())
+            .list_metadata(&lp)
+            .await?;
+        let mut bytes = 0;
+        for mut bd in bds.items.iter().cloned() {
+            bd.metadata = strip(bd.metadata);
+            bytes += size(serde_json::to_value(&bd)?);
+        }
+        let metas = (secrets.items.iter().map(|o| &o.metadata))
+            .chain(cms.items.iter().map(|o| &o.metadata))
+            .chain(nss.items.iter().map(|o| &o.metadata));
+        for m in metas {
+            bytes += size(serde_json::to_value(strip(m.clone()))?);
+        }
+        out.push(ReplicaCache {
+            shard,
+            clusters: (0..n).filter(|c| c % k == i).count(),
+            bundle_deployments: bds.items.len(),
+            copies: secrets.items.len() + cms.items.len(),
+            namespaces: nss.items.len(),
+            bytes,
+        });
+    }
+    Ok(out)
 }
 
 /// What one phase cost.
@@ -299,13 +390,13 @@ impl Phase {
 
 /// Waits until the hub's write count has not moved for 3 s longer than the hub delays a
 /// Cluster summary (at most 120 s), so a phase's figures include its trailing status writes.
-async fn settle(hub: &HubHandle) {
+async fn settle(hubs: &[HubHandle]) {
     let deadline = Instant::now() + Duration::from_secs(120);
     let quiet = Duration::from_secs(3) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
-    let (mut last, mut since) = (hub.writes(), Instant::now());
+    let (mut last, mut since) = (writes(hubs), Instant::now());
     while since.elapsed() < quiet && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = hub.writes();
+        let now = writes(hubs);
         if now != last {
             (last, since) = (now, Instant::now());
         }
@@ -442,7 +533,7 @@ fn has_hash<K>(m: &PartialObjectMeta<K>, want: &str) -> bool {
 
 /// One size: a fresh environment and hub, then the four phases. Returns them, the bench's
 /// RSS before the hub started and the invariants that failed (empty when all hold).
-async fn run_size(n: usize, args: &Args) -> Result<Size> {
+async fn run_size(n: usize, k: usize, args: &Args) -> Result<Size> {
     let timeout = Duration::from_secs(args.timeout_seconds);
     let env = TestEnv::start(EnvOptions::default()).await?;
     let pids = Pids::find(&env)?;
@@ -460,7 +551,7 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
         .create(&pp, &ns)
         .await?;
     let bundles = args.bundles.max(1);
-    let with_baseline = !args.no_baseline && bundles == 1;
+    let with_baseline = !args.no_baseline && bundles == 1 && k == 1;
     if with_baseline {
         // The baseline's stand-in cluster namespaces, made (and filled by the
         // controller-manager: ServiceAccount, root CA ConfigMap) before anything is measured.
@@ -483,9 +574,18 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
         .await?;
     }
     let rss_before = own_rss_mb();
-    let hub = start_hub(&env, hub_config(WORKSPACE)).await?;
+    let mut hubs = Vec::new();
+    for i in 0..k {
+        let mut config = hub_config(WORKSPACE);
+        config.shard_id = shard_id(i);
+        if let Some(leader) = config.leader_election.as_mut() {
+            leader.lease_name = labels::hub_lease_name(config.shard_id.as_deref());
+        }
+        hubs.push(start_hub(&env, config).await?);
+    }
+    let hub = hubs.as_slice();
     println!(
-        "N={n} x {bundles} Bundle(s): environment up; bench RSS {rss_before:.0} MB before the hub, {:.0} MB with an idle hub; apiserver {:.0} MB",
+        "N={n} x {bundles} Bundle(s), {k} hub replica(s): environment up; bench RSS {rss_before:.0} MB before the hub, {:.0} MB with an idle hub; apiserver {:.0} MB",
         own_rss_mb(),
         mem_mb(Some(pids.apiserver), "VmRSS")
     );
@@ -496,7 +596,7 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
 
     // Provision: register N Clusters (16 creates in flight) while the hub provisions them.
     let clusters: Api<Cluster> = Api::namespaced(admin.clone(), WORKSPACE);
-    let before = snap(&hub, &pids);
+    let before = snap(hub, &pids);
     let start = Instant::now();
     let provisioned = wait_all(
         "provisioned Clusters",
@@ -510,7 +610,11 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
     let register = async {
         let creates = (0..n).map(|i| {
             let mut c = Cluster::new(&format!("c-{i:05}"), ClusterSpec::default());
-            c.metadata.labels = Some(BTreeMap::from([("env".into(), "prod".into())]));
+            let mut l = BTreeMap::from([("env".to_string(), "prod".to_string())]);
+            if let Some(id) = shard_id(i % k) {
+                l.insert(labels::SHARD.to_string(), id);
+            }
+            c.metadata.labels = Some(l);
             let api = clusters.clone();
             async move { api.create(&PostParams::default(), &c).await.map(|_| ()) }
         });
@@ -520,12 +624,12 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
     };
     let (secs, registered) = tokio::try_join!(provisioned, register)?;
     println!("  (registering the {n} Clusters took {registered:.1} s of that)");
-    settle(&hub).await;
+    settle(hub).await;
     phases.push(Phase::new(
         "provision",
         secs,
         &before,
-        &snap(&hub, &pids),
+        &snap(hub, &pids),
         &pids,
     ));
 
@@ -542,7 +646,7 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
     let copies = format!(",{}", labels::BUNDLE_NAME);
     // Every BundleDeployment and every copy: N per Bundle.
     let nb = n * bundles;
-    let before = snap(&hub, &pids);
+    let before = snap(hub, &pids);
     let start = Instant::now();
     for b in 0..bundles {
         Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
@@ -581,13 +685,13 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
     println!(
         "  (fan-out: BundleDeployments complete at {t_bd:.1} s, Secret copies {t_secret:.1} s, ConfigMap copies {t_cm:.1} s)"
     );
-    settle(&hub).await;
+    settle(hub).await;
     let secs = t_bd.max(t_secret).max(t_cm);
     phases.push(Phase::new(
         "fan-out",
         secs,
         &before,
-        &snap(&hub, &pids),
+        &snap(hub, &pids),
         &pids,
     ));
     // The baseline's third object is as large as one BundleDeployment's spec.
@@ -602,6 +706,18 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
     println!(
         "  (a BundleDeployment: spec {bd_bytes} bytes, {bd_stored} bytes stored with metadata and managedFields)"
     );
+    let replicas = replica_caches(&admin, k, n).await?;
+    for r in &replicas {
+        println!(
+            "  (replica {}: {} Clusters; caches {} BundleDeployments, {} copies, {} namespaces = {:.1} MB as JSON)",
+            r.shard.as_deref().unwrap_or("unsharded"),
+            r.clusters,
+            r.bundle_deployments,
+            r.copies,
+            r.namespaces,
+            r.bytes as f64 / 1e6,
+        );
+    }
     let mut baselines = Vec::new();
     let mut anatomy = Vec::new();
     if with_baseline {
@@ -609,7 +725,7 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
     }
 
     // Rotation: only the Secret changes.
-    let before = snap(&hub, &pids);
+    let before = snap(hub, &pids);
     let start = Instant::now();
     let patch = Patch::Merge(serde_json::json!({"data": secret(2).data}));
     let rotated = secrets
@@ -636,13 +752,13 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
             |m| has_hash(m, &s_hash),
         ),
     )?;
-    settle(&hub).await;
+    settle(hub).await;
     let secs = t_bd.max(t_secret);
     phases.push(Phase::new(
         "rotation",
         secs,
         &before,
-        &snap(&hub, &pids),
+        &snap(hub, &pids),
         &pids,
     ));
     if with_baseline {
@@ -656,10 +772,10 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
     }
 
     // Idle: nothing changes; the hub must not write.
-    let before = snap(&hub, &pids);
+    let before = snap(hub, &pids);
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
     let secs = args.idle_seconds as f64;
-    phases.push(Phase::new("idle", secs, &before, &snap(&hub, &pids), &pids));
+    phases.push(Phase::new("idle", secs, &before, &snap(hub, &pids), &pids));
 
     for p in &phases {
         p.print(n);
@@ -708,10 +824,14 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
     );
     let verdict = check(idle.writes() == 0, idle_line.clone());
     println!("  {idle_line} {verdict}");
-    hub.stop().await?;
+    for h in hubs {
+        h.stop().await?;
+    }
     drop(env);
     Ok(Size {
         n,
+        shards: k,
+        replicas,
         bundles,
         peak_rss: mem_mb(None, "VmHWM"),
         phases,
@@ -726,6 +846,10 @@ async fn run_size(n: usize, args: &Args) -> Result<Size> {
 /// One size's results.
 struct Size {
     n: usize,
+    /// Hub replicas (1: unsharded only).
+    shards: usize,
+    /// What each replica caches.
+    replicas: Vec<ReplicaCache>,
     bundles: usize,
     /// The bench process's VmHWM after this size (the process peak so far).
     peak_rss: f64,
@@ -813,8 +937,17 @@ fn size_json(s: &Size) -> serde_json::Value {
             })
         })
         .collect();
+    let replicas: Vec<_> = s
+        .replicas
+        .iter()
+        .map(|r| {
+            serde_json::json!({"shard": r.shard, "clusters": r.clusters,
+                "bundle_deployments": r.bundle_deployments, "copies": r.copies,
+                "namespaces": r.namespaces, "cached_json_bytes": r.bytes})
+        })
+        .collect();
     serde_json::json!({
-        "clusters": s.n, "bundles": s.bundles,
+        "clusters": s.n, "hub_replicas": s.shards, "replicas": replicas, "bundles": s.bundles,
         "bench_peak_rss_mb_so_far": s.peak_rss, "bench_rss_before_hub_mb": s.rss_before,
         "bundle_deployment_spec_bytes": s.bd_bytes,
         "phases": phases, "baselines": baselines, "failed_invariants": s.failed,
@@ -863,6 +996,15 @@ fn print_summary(sizes: &[Size]) {
         .iter()
         .map(|s| (s.n, s.phases.as_slice(), s.rss_before))
         .collect();
+    // A row's name: N, and the replica count when sharded.
+    let row = |i: usize| {
+        let s = &sizes[i];
+        if s.shards > 1 {
+            format!("{}/K{}", s.n, s.shards)
+        } else {
+            s.n.to_string()
+        }
+    };
     println!(
         "\n{:>6} | {:>11} {:>9} {:>10} | {:>26} | {:>23} | {:>20} | {:>9}",
         "N",
@@ -874,12 +1016,12 @@ fn print_summary(sizes: &[Size]) {
         "bench RSS MB (hub Δ)",
         "apisrv MB"
     );
-    for &(n, p, rss_before) in &results {
+    for (r, &(n, p, rss_before)) in results.iter().enumerate() {
         let ms = |i: usize| p[i].secs * 1000.0 / n as f64;
         let writes: Vec<String> = p.iter().map(|q| q.writes().to_string()).collect();
         println!(
             "{:>6} | {:>11.1} {:>9.1} {:>10.1} | {:>26} | {:>23} | {:>20} | {:>9.0}",
-            n,
+            row(r),
             p[0].secs,
             p[1].secs,
             p[2].secs,
@@ -896,24 +1038,34 @@ fn print_summary(sizes: &[Size]) {
         "{:>6} | {:>24} | {:>24} | {:>24}",
         "N", "provision", "fan-out", "rotation"
     );
-    for &(n, p, _) in &results {
+    for (r, &(_, p, _)) in results.iter().enumerate() {
         let cpu = |q: &Phase| {
             let c = q.cpu;
             format!("{:.1}/{:.1}/{:.1}/{:.1}", c[0], c[1], c[2], c[3])
         };
         println!(
             "{:>6} | {:>24} | {:>24} | {:>24}",
-            n,
+            row(r),
             cpu(&p[0]),
             cpu(&p[1]),
             cpu(&p[2])
         );
     }
 
-    let (n0, base, base_rss) = &results[0];
-    for &(n, p, rss_before) in &results[1..] {
+    for (r, &(n, p, rss_before)) in results.iter().enumerate().skip(1) {
+        // Sharded: against one replica at the same N; otherwise against the smallest N.
+        let b = if sizes[r].shards > 1 {
+            (0..r).rev().find(|&j| sizes[j].n == n).unwrap_or(0)
+        } else {
+            0
+        };
+        let (n0, base, base_rss) = &results[b];
         let scale = n as f64 / *n0 as f64;
-        println!("\nN={n} vs N={n0} (x{scale:.0} clusters; per cluster x1.00 = linear):");
+        println!(
+            "\nN={} vs N={} (x{scale:.0} clusters; per cluster x1.00 = linear):",
+            row(r),
+            row(b)
+        );
         let all = |q: &Phase| q.cpu.iter().sum::<f64>();
         for i in 0..3 {
             println!(
@@ -980,7 +1132,10 @@ async fn main() -> Result<()> {
     }
     let mut sizes = Vec::new();
     for &n in &args.clusters {
-        sizes.push(run_size(n, &args).await?);
+        sizes.push(run_size(n, 1, &args).await?);
+        if args.shards > 1 {
+            sizes.push(run_size(n, args.shards, &args).await?);
+        }
     }
     print_summary(&sizes);
     let failed: Vec<&String> = sizes.iter().flat_map(|s| &s.failed).collect();

@@ -24,7 +24,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tender_runtime::Op;
 use tender_types::targeting::GroupInfo;
-use tender_types::{Bundle, BundleDeployment, hash, labels, names};
+use tender_types::{Bundle, BundleDeployment, BundleStatus, hash, labels, names};
 
 use crate::Error;
 use crate::context::{Ctx, status_op};
@@ -42,17 +42,14 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, ctx: Arc<Ctx>) -> Result<Acti
     let ns = bundle.namespace().unwrap_or_default();
     let object = format!("Bundle {ns}/{}", bundle.name_any());
     let api: Api<Bundle> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(
-        &api,
-        labels::BUNDLE_CLEANUP_FINALIZER,
-        bundle,
-        |event| async {
-            match event {
-                Finalizer::Apply(b) => apply(&b, &ctx).await,
-                Finalizer::Cleanup(b) => cleanup(&b, &ctx).await,
-            }
-        },
-    )
+    // One finalizer per replica: each removes its own shard's BundleDeployments.
+    let cleanup_finalizer = labels::bundle_cleanup_finalizer(ctx.config.shard_id.as_deref());
+    finalizer(&api, &cleanup_finalizer, bundle, |event| async {
+        match event {
+            Finalizer::Apply(b) => apply(&b, &ctx).await,
+            Finalizer::Cleanup(b) => cleanup(&b, &ctx).await,
+        }
+    })
     .await
     .map_err(|source| Error::Finalizer {
         object,
@@ -108,7 +105,8 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
         sources.insert(key.clone(), state);
     }
 
-    let clusters = ctx.clusters_in(&ns);
+    // Targeting is unchanged, over this replica's Clusters only (decision 62).
+    let clusters = ctx.own_clusters_in(&ns);
     let views: Vec<ClusterView<'_>> = clusters
         .iter()
         .map(|c| ClusterView {
@@ -196,6 +194,8 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                 .iter()
                 .filter(|bd| bd.metadata.deletion_timestamp.is_none())
                 .filter(|bd| !matched_ns.contains(&bd.namespace().unwrap_or_default()))
+                // Its Cluster moved to another shard: that replica adopts it.
+                .filter(|bd| !ctx.served_elsewhere(bd.labels()))
                 .map(|bd| ops::delete_deployment_op(bd))
                 .collect();
             for outcome in ctx.exec.execute_in_order(untargeted).await? {
@@ -253,22 +253,41 @@ async fn write_status(
     // status write, whose watch event has since retired its memo entry.
     let latest = ctx.stores.bundles.get(&ObjectRef::from_obj(bundle));
     let bundle: &Bundle = latest.as_deref().unwrap_or(bundle);
+    if let (Some(id), Some(exec)) = (&ctx.config.shard_id, &ctx.shard_exec) {
+        return write_shard_entry(bundle, ctx, exec, id, facts, upstream).await;
+    }
     let old = bundle.status.as_ref();
+    let ns = bundle.namespace().unwrap_or_default();
+    // The other replicas' entries, for shards that still serve a Cluster here.
+    let entries = old.map(|o| o.shards.as_slice()).unwrap_or_default();
+    let serving = ctx.shards_serving(&ns);
+    let mut facts = facts.clone();
+    let mut own_lines =
+        upstream.unwrap_or_else(|| old.map(|o| o.upstream.clone()).unwrap_or_default());
+    let folded = status::fold_shards(&facts.summary, entries, &serving);
+    facts.matched = usize::try_from(folded.summary.desired_ready).unwrap_or_default();
+    facts.summary = folded.summary;
+    own_lines.extend(folded.upstream);
     let mut new = bundle_status(
         old,
-        facts,
+        &facts,
         bundle.metadata.generation,
         Time(Timestamp::now()),
     );
-    // Reverse sync lines: this reconcile's, else (targeting error) the previous ones.
-    let lines = upstream.unwrap_or_else(|| old.map(|o| o.upstream.clone()).unwrap_or_default());
-    crate::upstream::set_status(&mut new, lines, bundle.metadata.generation);
+    crate::upstream::set_status(&mut new, own_lines, bundle.metadata.generation);
+    // The shard entries are never ours to write: left out of the apply (and the comparison),
+    // server-side apply keeps them as their replicas wrote them.
+    new.shards.clear();
+    let old_ours = old.map(|o| BundleStatus {
+        shards: Vec::new(),
+        ..o.clone()
+    });
     let desired = hash::value_hash(&serde_json::to_value(&new).unwrap_or_default());
     let op = status_op::<Bundle, _>(
-        &bundle.namespace().unwrap_or_default(),
+        &ns,
         &bundle.name_any(),
         bundle.resource_version(),
-        old,
+        old_ours.as_ref(),
         &new,
         desired,
     );
@@ -279,6 +298,58 @@ async fn write_status(
     let events = ops::transition_events(&bundle.object_ref(&()), old, &new);
     ctx.exec.execute_in_order(events).await?;
     ctx.write_status(Some(op)).await
+}
+
+/// A shard replica's status write: its own entry of `status.shards` (its Clusters' counts and
+/// reverse-sync lines), applied with its own field manager; nothing else (decision 62).
+async fn write_shard_entry(
+    bundle: &Bundle,
+    ctx: &Ctx,
+    exec: &tender_runtime::Executor,
+    id: &str,
+    facts: &BundleFacts,
+    upstream: Option<Vec<tender_types::UpstreamPublication>>,
+) -> Result<(), Error> {
+    let old = bundle
+        .status
+        .as_ref()
+        .and_then(|s| s.shards.iter().find(|e| e.id == id));
+    // Targeting error: keep the previous lines (as the unsharded replica does).
+    let upstream = upstream.unwrap_or_else(|| old.map(|e| e.upstream.clone()).unwrap_or_default());
+    let entry = status::shard_entry(id, bundle.metadata.generation, &facts.summary, upstream);
+    if old == Some(&entry) {
+        return Ok(());
+    }
+    let key = tender_runtime::executor::ObjectKey::of::<Bundle>(
+        Some(&bundle.namespace().unwrap_or_default()),
+        &bundle.name_any(),
+    );
+    let fingerprint = tender_runtime::executor::Fingerprint {
+        live_version: bundle.resource_version(),
+        desired: hash::value_hash(&serde_json::to_value(&entry).unwrap_or_default()),
+    };
+    if exec.memo().written(&key, &fingerprint).is_some() {
+        return Ok(());
+    }
+    let op = Op::ApplyStatus(tender_runtime::executor::Apply {
+        key,
+        body: serde_json::json!({
+            "apiVersion": tender_types::API_GROUP_VERSION,
+            "kind": "Bundle",
+            "status": {"shards": [entry]},
+        }),
+        replace_if_immutable: false,
+        fingerprint: Some(fingerprint),
+    });
+    if exec.execute(op).await?.wrote {
+        ctx.hub
+            .status_writes
+            .get_or_create(&crate::KindLabels {
+                kind: "Bundle".to_string(),
+            })
+            .inc();
+    }
+    Ok(())
 }
 
 /// Writes one cluster's BundleDeployment and copies where they differ from the desired ones,
@@ -299,7 +370,15 @@ async fn write_cluster(
     let live = observe::live_deployment(ctx, &desired.namespace, &bd_name);
     let live = live.as_ref().or(snapshot);
     let mut writes = ClusterWrites::default();
-    let step = ops::deployment_step(&ns, &name, desired, spec.as_ref(), live.map(AsRef::as_ref));
+    let shard = ctx.config.shard_id.as_deref();
+    let step = ops::deployment_step(
+        &ns,
+        &name,
+        desired,
+        spec.as_ref(),
+        live.map(AsRef::as_ref),
+        shard,
+    );
     drop(spec);
     let uid = match step {
         DeploymentStep::Hold => return Ok(writes),
@@ -328,7 +407,7 @@ async fn write_cluster(
         }
     };
     let owner = ops::copy_owner(&name, uid);
-    let bd_labels = ops::owned_labels(&ns, &name, &desired.cluster, &desired.namespace);
+    let bd_labels = ops::owned_labels(&ns, &name, &desired.cluster, &desired.namespace, shard);
     for copy in &desired.copies {
         let live = observe::live_copy(ctx, copy.kind, &desired.namespace, &copy.copy_name);
         let CopyStep::Write { replace } = ops::copy_step(copy, live.as_ref(), &owner.uid) else {
@@ -381,7 +460,12 @@ async fn write_cluster(
 /// downstream, and the garbage collector removes the copies with their BundleDeployment.
 async fn cleanup(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     let ns = bundle.namespace().unwrap_or_default();
-    ctx.sources.remove(&(ns, bundle.name_any()));
+    ctx.sources.remove(&(ns.clone(), bundle.name_any()));
+    if ctx.config.shard_id.is_none()
+        && let Some(op) = ops::stale_shard_finalizers(bundle, &ctx.shards_serving(&ns))
+    {
+        ctx.exec.execute(op).await?;
+    }
     let deletes: Vec<Op> = observe::deployments_of(ctx, bundle)
         .iter()
         .filter(|bd| bd.metadata.deletion_timestamp.is_none())

@@ -12,8 +12,8 @@ use serde_json::Value;
 use tender_runtime::executor::{Apply, EventOp, Fingerprint, ObjectKey, Op, body_of};
 use tender_types::conditions::{TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason};
 use tender_types::{
-    API_GROUP_VERSION, BundleDeployment, BundleDeploymentSpec, BundleStatus, SourceKind, copy,
-    hash, labels, names,
+    API_GROUP_VERSION, Bundle, BundleDeployment, BundleDeploymentSpec, BundleStatus, SourceKind,
+    copy, hash, labels, names,
 };
 
 use super::plan::{DesiredCopy, DesiredDeployment, edited_by_others};
@@ -43,15 +43,43 @@ pub(crate) fn owned_labels(
     name: &str,
     cluster: &str,
     cluster_ns: &str,
+    shard: Option<&str>,
 ) -> BTreeMap<String, String> {
-    BTreeMap::from([
+    let mut owned = BTreeMap::from([
         (labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into()),
         (labels::BUNDLE_NAMESPACE.into(), ns.into()),
         (labels::BUNDLE_NAME.into(), labels::safe_label_value(name)),
         (labels::CLUSTER.into(), labels::safe_label_value(cluster)),
         (labels::CLUSTER_NAMESPACE.into(), cluster_ns.into()),
         (labels::WORKSPACE.into(), ns.into()),
-    ])
+    ]);
+    if let Some(id) = shard {
+        owned.insert(labels::SHARD.into(), id.into());
+    }
+    owned
+}
+
+/// The unsharded replica's removal of the cleanup finalizers of shards that serve no Cluster
+/// of the Bundle's workspace (`serving`: the shard ids Clusters are labelled with), so a
+/// retired shard never holds a Bundle's deletion forever; none when there are none. A shard
+/// without Clusters has no BundleDeployments to remove (a moved Cluster's are adopted).
+pub(crate) fn stale_shard_finalizers(bundle: &Bundle, serving: &BTreeSet<String>) -> Option<Op> {
+    let prefix = format!("{}-", labels::BUNDLE_CLEANUP_FINALIZER);
+    let stale = |f: &String| {
+        f.strip_prefix(&prefix)
+            .is_some_and(|id| !serving.contains(id))
+    };
+    if !bundle.finalizers().iter().any(stale) {
+        return None;
+    }
+    let kept: Vec<&String> = bundle.finalizers().iter().filter(|f| !stale(f)).collect();
+    // resourceVersion makes this a compare-and-swap: a concurrent change fails and retries.
+    Some(Op::MergePatch {
+        key: ObjectKey::of::<Bundle>(bundle.namespace().as_deref(), &bundle.name_any()),
+        patch: serde_json::json!({
+            "metadata": {"finalizers": kept, "resourceVersion": bundle.resource_version()}
+        }),
+    })
 }
 
 /// What to do with one cluster's BundleDeployment.
@@ -74,6 +102,7 @@ pub(crate) fn deployment_step(
     desired: &DesiredDeployment,
     spec: Option<&BundleDeploymentSpec>,
     live: Option<&BundleDeployment>,
+    shard: Option<&str>,
 ) -> DeploymentStep {
     let Some(spec) = spec else {
         return DeploymentStep::Hold;
@@ -82,7 +111,13 @@ pub(crate) fn deployment_step(
         // Recreated once the agent has finished cleaning up (its deletion event brings us back).
         return DeploymentStep::Hold;
     }
-    let bd_labels = owned_labels(bundle_ns, bundle_name, &desired.cluster, &desired.namespace);
+    let bd_labels = owned_labels(
+        bundle_ns,
+        bundle_name,
+        &desired.cluster,
+        &desired.namespace,
+        shard,
+    );
     // The cache keeps a hash of each BundleDeployment's spec, not the spec (decision 60).
     let desired_hash = hash::spec_hash(spec);
     let current = live.filter(|bd| {
@@ -442,6 +477,35 @@ pub(crate) fn transition_events(
 mod tests {
     use super::*;
     use crate::bundle::plan::{DesiredSpec, Plan};
+
+    #[test]
+    fn only_finalizers_of_shards_without_clusters_are_removed() {
+        let mut b = Bundle::new("app", Default::default());
+        b.metadata.namespace = Some("ws".into());
+        b.metadata.resource_version = Some("7".into());
+        b.metadata.finalizers = Some(vec![
+            labels::BUNDLE_CLEANUP_FINALIZER.into(),
+            labels::bundle_cleanup_finalizer(Some("a")),
+            labels::bundle_cleanup_finalizer(Some("gone")),
+            "example.com/other".into(),
+        ]);
+        let serving = BTreeSet::from(["a".to_string()]);
+        let Some(Op::MergePatch { patch, .. }) = stale_shard_finalizers(&b, &serving) else {
+            panic!("expected a patch");
+        };
+        assert_eq!(
+            patch["metadata"]["finalizers"],
+            serde_json::json!([
+                labels::BUNDLE_CLEANUP_FINALIZER,
+                labels::bundle_cleanup_finalizer(Some("a")),
+                "example.com/other"
+            ])
+        );
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        // Every shard still serves a Cluster: nothing to do.
+        let all = BTreeSet::from(["a".to_string(), "gone".to_string()]);
+        assert!(stale_shard_finalizers(&b, &all).is_none());
+    }
     use k8s_openapi::ByteString;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
@@ -466,7 +530,7 @@ mod tests {
     }
 
     fn step(d: &DesiredDeployment, live: Option<&BundleDeployment>) -> DeploymentStep {
-        deployment_step("ws", "app", d, full(d).as_ref(), live)
+        deployment_step("ws", "app", d, full(d).as_ref(), live, None)
     }
 
     fn copy_of(source: &str) -> DesiredCopy {
@@ -576,7 +640,7 @@ mod tests {
         }))];
         let mut live = BundleDeployment::new("app", edited);
         live.metadata.namespace = Some(d.namespace.clone());
-        live.metadata.labels = Some(owned_labels("ws", "app", &d.cluster, &d.namespace));
+        live.metadata.labels = Some(owned_labels("ws", "app", &d.cluster, &d.namespace, None));
         live.metadata.finalizers = Some(vec![labels::AGENT_CLEANUP_FINALIZER.into()]);
         // The cache's own annotation key, forged with the desired spec's hash: replaced.
         let forged = hash::spec_hash(&full(&d).unwrap());
@@ -667,7 +731,7 @@ mod tests {
         };
         let copy = copy_of("db");
         let owner = copy_owner("app", "bd-uid".into());
-        let bd_labels = owned_labels("ws", "app", "east", "cns");
+        let bd_labels = owned_labels("ws", "app", "east", "cns", None);
         let to = CopyTarget {
             bundle_ns: "ws",
             cluster_ns: "cns",
@@ -781,7 +845,7 @@ mod tests {
             hash: hash::carried_hash(&policy),
         };
         let owner = copy_owner("app", "bd-uid".into());
-        let bd_labels = owned_labels("ws", "app", "east", "cluster-ns");
+        let bd_labels = owned_labels("ws", "app", "east", "cluster-ns", None);
         let to = CopyTarget {
             bundle_ns: "ws",
             cluster_ns: "cluster-ns",

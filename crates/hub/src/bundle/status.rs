@@ -1,10 +1,15 @@
 //! Folding BundleDeployment states into Bundle and Cluster status. Pure.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use std::collections::BTreeSet;
 use tender_types::conditions::{
     self, TYPE_DEPLOYED, TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason,
 };
-use tender_types::{BundleDeployment, BundleDisplay, BundleStatus, BundleSummary};
+
+use tender_types::{
+    BundleDeployment, BundleDisplay, BundleShardStatus, BundleStatus, BundleSummary,
+    UpstreamPublication,
+};
 
 /// State of one BundleDeployment as the summaries count it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +121,56 @@ pub fn summary_reason(s: &BundleSummary) -> Option<(&'static str, &'static str)>
     } else {
         None
     }
+}
+
+/// A shard replica's entry of `status.shards`: its own Clusters' counts and reverse-sync lines.
+pub fn shard_entry(
+    id: &str,
+    generation: Option<i64>,
+    summary: &BundleSummary,
+    upstream: Vec<UpstreamPublication>,
+) -> BundleShardStatus {
+    BundleShardStatus {
+        id: id.to_string(),
+        observed_generation: generation,
+        summary: summary.clone(),
+        upstream,
+    }
+}
+
+/// The unsharded replica's view of a Bundle: its own counts plus every shard entry.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Folded {
+    /// Counts over every shard (`desired_ready` is the number of matched clusters).
+    pub summary: BundleSummary,
+    /// The shards' reverse-sync lines.
+    pub upstream: Vec<UpstreamPublication>,
+}
+
+/// Folds the shard `entries` into the unsharded replica's `own` summary. Only entries of
+/// shards in `serving` (shard ids some Cluster of the workspace is labelled with) count: a
+/// shard whose last Cluster left it, or that was retired, leaves an entry nobody updates.
+pub fn fold_shards(
+    own: &BundleSummary,
+    entries: &[BundleShardStatus],
+    serving: &BTreeSet<String>,
+) -> Folded {
+    let mut out = Folded {
+        summary: own.clone(),
+        upstream: Vec::new(),
+    };
+    for e in entries.iter().filter(|e| serving.contains(&e.id)) {
+        let (s, add) = (&mut out.summary, &e.summary);
+        s.desired_ready = s.desired_ready.saturating_add(add.desired_ready);
+        s.ready = s.ready.saturating_add(add.ready);
+        s.wait_applied = s.wait_applied.saturating_add(add.wait_applied);
+        s.err_applied = s.err_applied.saturating_add(add.err_applied);
+        s.modified = s.modified.saturating_add(add.modified);
+        s.not_ready = s.not_ready.saturating_add(add.not_ready);
+        s.pending = s.pending.saturating_add(add.pending);
+        out.upstream.extend(e.upstream.iter().cloned());
+    }
+    out
 }
 
 /// What the Bundle controller found, in the words its status uses.
@@ -302,6 +357,57 @@ mod tests {
             conditions,
             ..Default::default()
         })
+    }
+
+    fn counts(desired: i32, ready: i32, pending: i32, err: i32) -> BundleSummary {
+        BundleSummary {
+            desired_ready: desired,
+            ready,
+            pending,
+            err_applied: err,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn shard_entries_fold_into_the_unsharded_summary() {
+        let own = counts(2, 2, 0, 0);
+        let entries = vec![
+            shard_entry("a", Some(3), &counts(3, 1, 2, 0), Vec::new()),
+            shard_entry("b", Some(3), &counts(4, 3, 0, 1), Vec::new()),
+        ];
+        let serving = BTreeSet::from(["a".to_string(), "b".to_string()]);
+        let folded = fold_shards(&own, &entries, &serving);
+        assert_eq!(folded.summary, counts(9, 6, 2, 1));
+        // The folded counts drive the conditions like an unsharded hub's own.
+        let facts = BundleFacts {
+            matched: 9,
+            summary: folded.summary,
+            ..Default::default()
+        };
+        let status = bundle_status(None, &facts, Some(3), at(1));
+        assert_eq!(status.display.unwrap().ready_clusters, "6/9");
+        assert!(!conditions::is_true(&status.conditions, TYPE_READY));
+    }
+
+    #[test]
+    fn entries_of_shards_without_clusters_are_not_counted() {
+        let own = counts(1, 1, 0, 0);
+        let entries = vec![
+            shard_entry("a", Some(1), &counts(2, 2, 0, 0), Vec::new()),
+            shard_entry("gone", Some(1), &counts(5, 0, 5, 0), Vec::new()),
+        ];
+        let serving = BTreeSet::from(["a".to_string()]);
+        assert_eq!(
+            fold_shards(&own, &entries, &serving).summary,
+            counts(3, 3, 0, 0)
+        );
+        // No shards at all: the unsharded replica's own counts, unchanged.
+        assert_eq!(
+            fold_shards(&own, &[], &BTreeSet::new()).summary,
+            own,
+            "unsharded hub"
+        );
     }
 
     #[test]

@@ -36,6 +36,12 @@ const CONTROLLER: &str = "cluster";
 
 pub(crate) async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
+    if !ctx.serves(&cluster) {
+        // Another shard's (or it just moved there): forget it, touch nothing (decision 62).
+        release(&cluster, &ctx);
+        warn_invalid_shard(&cluster, &ctx).await;
+        return Ok(Action::await_change());
+    }
     let workspace = cluster.namespace().unwrap_or_default();
     let object = format!("Cluster {workspace}/{}", cluster.name_any());
     let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), &workspace);
@@ -61,6 +67,62 @@ pub(crate) fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<Ctx>) 
     ctx.metrics.reconcile_error(CONTROLLER, error.reason());
     tracing::warn!(cluster = %cluster.name_any(), namespace = ?cluster.namespace(), %error, "cluster reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
+}
+
+/// Forgets what this process keeps for `cluster`: its push task, pending summary and
+/// provisioning memo. Never deletes anything.
+fn release(cluster: &Cluster, ctx: &Ctx) {
+    let key = (cluster.namespace().unwrap_or_default(), cluster.name_any());
+    ctx.push.stop(&ObjectRef::from_obj(cluster));
+    summary_due(ctx, key.clone(), false);
+    ctx.provisioned.lock().expect("lock").remove(&key);
+}
+
+/// The unsharded replica's Warning Event on a Cluster whose shard label no replica can serve
+/// (not a valid shard id: CEL cannot see labels), once per Cluster and value per process.
+async fn warn_invalid_shard(cluster: &Cluster, ctx: &Ctx) {
+    let Some(value) = cluster.labels().get(labels::SHARD) else {
+        return;
+    };
+    let Err(why) = labels::validate_shard_id(value) else {
+        return;
+    };
+    if ctx.config.shard_id.is_some() {
+        return;
+    }
+    let key = (cluster.uid().unwrap_or_default(), value.clone());
+    if !ctx.invalid_shards.lock().expect("lock").insert(key) {
+        return;
+    }
+    let note = format!("{why}; no hub replica serves this Cluster until the label is fixed");
+    ctx.event(
+        &cluster.object_ref(&()),
+        EventType::Warning,
+        "InvalidShard",
+        "Serve",
+        note,
+    )
+    .await;
+}
+
+/// Labels every object of `access` with the serving replica's shard (none: unsharded), so
+/// that replica's namespace cache holds the cluster's namespace (decision 62).
+fn in_shard(mut access: AgentAccess, shard: Option<&str>) -> AgentAccess {
+    let Some(id) = shard else { return access };
+    let metas = [
+        &mut access.namespace.metadata,
+        &mut access.service_account.metadata,
+        &mut access.role.metadata,
+        &mut access.role_binding.metadata,
+        &mut access.workspace_role.metadata,
+        &mut access.workspace_role_binding.metadata,
+    ];
+    for meta in metas {
+        meta.labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(labels::SHARD.to_string(), id.to_string());
+    }
+    access
 }
 
 /// One object of [`agent_access`], annotated with the hash of its content; `wanted: false`
@@ -210,7 +272,11 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
     }
     // Observe: each object's content-hash annotation (one metadata read per object, once per
     // Cluster and mode per process).
-    let objects = access_objects(agent_access(&workspace, &name), mode);
+    let access = in_shard(
+        agent_access(&workspace, &name),
+        ctx.config.shard_id.as_deref(),
+    );
+    let objects = access_objects(access, mode);
     let mut live = Vec::with_capacity(objects.len());
     for o in &objects {
         let api: Api<DynamicObject> = match &o.key.namespace {
@@ -350,12 +416,7 @@ async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let ns_name = names::cluster_namespace(&workspace, &name);
-    ctx.push.stop(&ObjectRef::from_obj(cluster));
-    summary_due(ctx, (workspace.clone(), name.clone()), false);
-    ctx.provisioned
-        .lock()
-        .expect("lock")
-        .remove(&(workspace.clone(), name.clone()));
+    release(cluster, ctx);
     // Read fresh, not from the cache: a finalizer added a moment ago must not be missed.
     let bds: Api<BundleDeployment> = Api::namespaced(ctx.client.clone(), &ns_name);
     let list = match bds.list(&ListParams::default()).await {

@@ -82,7 +82,11 @@ pub(crate) async fn reconcile(
             .stores
             .clusters
             .get(&ObjectRef::new(cluster).within(&bundle_ns));
-        let place_labels = plan::placeholder_labels(&bundle_ns, &name, cluster);
+        let mut place_labels = plan::placeholder_labels(&bundle_ns, &name, cluster);
+        if let Some(id) = &ctx.config.shard_id {
+            // In this replica's caches of the cluster namespace (decision 62).
+            place_labels.insert(labels::SHARD.into(), id.clone());
+        }
         let bd_owner = bd_owner(&bd);
         let mut ops = Vec::new();
         for e in &entries {
@@ -148,6 +152,11 @@ pub(crate) async fn reconcile(
         .into_iter()
         .filter(|(kind, meta)| {
             !wanted_published.contains(&(*kind, meta.name.clone().unwrap_or_default()))
+        })
+        // Published for a Cluster of another shard: that replica's to keep or remove.
+        .filter(|(_, meta)| {
+            let cluster = meta.labels.as_ref().and_then(|l| l.get(labels::CLUSTER));
+            !cluster.is_some_and(|c| ctx.cluster_served_elsewhere(&bundle_ns, c))
         })
         .map(|(kind, meta)| Op::Delete {
             key: key(kind, &bundle_ns, meta.name.as_deref().unwrap_or_default()),
