@@ -426,7 +426,10 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         total(non_heartbeat_writes(&hub_requests(), false))
             + total(non_heartbeat_writes(&agent_requests(), true))
     };
-    // Settled: no write but heartbeats for 3 s plus the hub's Cluster summary delay.
+    // Settled: no write but heartbeats, and no Bundle reconcile (so the hub's caches have
+    // caught up with the agents' writes, whose events wake their Bundles), for 3 s plus the
+    // hub's Cluster summary delay.
+    let writes_so_far = || writes_so_far() + hub.reconciles("bundle");
     let quiet = Duration::from_secs(3) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
     let (mut last, mut since) = (writes_so_far(), Instant::now());
     let settle_start = Instant::now();
