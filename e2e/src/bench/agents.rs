@@ -429,13 +429,13 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     // Settled: no write but heartbeats, and no Bundle reconcile (so the hub's caches have
     // caught up with the agents' writes, whose events wake their Bundles), for 3 s plus the
     // hub's Cluster summary delay.
-    let writes_so_far = || writes_so_far() + hub.reconciles("bundle");
+    let activity = || writes_so_far() + hub.reconciles("bundle");
     let quiet = Duration::from_secs(3) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
-    let (mut last, mut since) = (writes_so_far(), Instant::now());
+    let (mut last, mut since) = (activity(), Instant::now());
     let settle_start = Instant::now();
     while since.elapsed() < quiet && settle_start.elapsed() < timeout {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = writes_so_far();
+        let now = activity();
         if now != last {
             (last, since) = (now, Instant::now());
         }

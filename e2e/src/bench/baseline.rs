@@ -9,6 +9,7 @@
 //! namespace (2N writes, like the hub).
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -19,6 +20,8 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
 };
 use kube::{Client, CustomResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tender_types::BundleDeployment;
 
 use crate::{Pids, config_map, cpu_now, payload, secret};
@@ -165,29 +168,37 @@ pub async fn bundle_deployments(
         BundleDeployment::new("deployment", bd.spec.clone())
     };
     let (first, second) = (body(first), body(second));
-    let create = measure(pids, n, 1, |ns| {
-        let api: Api<BundleDeployment> = Api::namespaced(admin.clone(), &ns);
-        let bd = first.clone();
-        async move {
-            let pp = PatchParams::apply(FIELD_MANAGER).force();
-            api.patch("deployment", &pp, &Patch::Apply(&bd))
-                .await
-                .map(|_| ())
-        }
-    })
-    .await?;
-    let apply = measure(pids, n, 1, |ns| {
-        let api: Api<BundleDeployment> = Api::namespaced(admin.clone(), &ns);
-        let bd = second.clone();
-        async move {
-            let pp = PatchParams::apply(FIELD_MANAGER).force();
-            api.patch("deployment", &pp, &Patch::Apply(&bd))
-                .await
-                .map(|_| ())
-        }
-    })
-    .await?;
+    let bds = |ns: &str| Api::<BundleDeployment>::namespaced(admin.clone(), ns);
+    let create = patch_each(pids, n, "deployment", &Patch::Apply(&first), bds).await?;
+    let apply = patch_each(pids, n, "deployment", &Patch::Apply(&second), bds).await?;
     Ok((create, apply))
+}
+
+/// Measures one write of `patch` to object `name` in every stand-in namespace (`api` gives the
+/// namespace's API): a server-side apply with the baseline's field manager, or as given.
+async fn patch_each<K, P, F>(
+    pids: &Pids,
+    n: usize,
+    name: &str,
+    patch: &Patch<P>,
+    api: F,
+) -> Result<Baseline>
+where
+    K: Clone + DeserializeOwned + Debug,
+    P: Serialize + Debug,
+    F: Fn(&str) -> Api<K>,
+{
+    let pp = if matches!(patch, Patch::Apply(_)) {
+        PatchParams::apply(FIELD_MANAGER).force()
+    } else {
+        PatchParams::default()
+    };
+    let pp = &pp;
+    measure(pids, n, 1, |ns| {
+        let api = api(&ns);
+        async move { api.patch(name, pp, patch).await.map(|_| ()) }
+    })
+    .await
 }
 
 /// The group of the anatomy's stand-in CRDs, so the hub never sees their objects.
@@ -268,14 +279,8 @@ pub async fn write_anatomy(
     let merge = serde_json::json!({"spec": first.spec});
     out.push((
         "BundleDeployment, JSON merge patch of the spec".to_string(),
-        measure(pids, n, 1, |ns| {
-            let api: Api<BundleDeployment> = Api::namespaced(admin.clone(), &ns);
-            let body = merge.clone();
-            async move {
-                api.patch("deployment", &PatchParams::default(), &Patch::Merge(&body))
-                    .await
-                    .map(|_| ())
-            }
+        patch_each(pids, n, "deployment", &Patch::Merge(&merge), |ns| {
+            Api::<BundleDeployment>::namespaced(admin.clone(), ns)
         })
         .await?,
     ));
@@ -292,19 +297,10 @@ pub async fn write_anatomy(
                 "apiVersion": format!("{ANATOMY_GROUP}/v1alpha1"), "kind": kind,
                 "metadata": {"name": "deployment"}, "spec": bd.spec
             });
-            let resource = resource.clone();
             out.push((
                 format!("{what}, apply ({step})"),
-                measure(pids, n, 1, |ns| {
-                    let api: Api<DynamicObject> =
-                        Api::namespaced_with(admin.clone(), &ns, &resource);
-                    let body = body.clone();
-                    async move {
-                        let pp = PatchParams::apply(FIELD_MANAGER).force();
-                        api.patch("deployment", &pp, &Patch::Apply(&body))
-                            .await
-                            .map(|_| ())
-                    }
+                patch_each(pids, n, "deployment", &Patch::Apply(&body), |ns| {
+                    Api::<DynamicObject>::namespaced_with(admin.clone(), ns, &resource)
                 })
                 .await?,
             ));
@@ -324,15 +320,8 @@ pub async fn write_anatomy(
         };
         out.push((
             format!("a ConfigMap holding the spec, apply ({step})"),
-            measure(pids, n, 1, |ns| {
-                let api: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
-                let cm = cm.clone();
-                async move {
-                    let pp = PatchParams::apply(FIELD_MANAGER).force();
-                    api.patch("spec-holder", &pp, &Patch::Apply(&cm))
-                        .await
-                        .map(|_| ())
-                }
+            patch_each(pids, n, "spec-holder", &Patch::Apply(&cm), |ns| {
+                Api::<ConfigMap>::namespaced(admin.clone(), ns)
             })
             .await?,
         ));

@@ -24,7 +24,7 @@ use kube::discovery::{Discovery, Scope};
 use kube::{Resource, ResourceExt};
 use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
 use tender_runtime::{Health, Metrics};
-use tender_types::{Bundle, Cluster, HelmOp, hash, labels};
+use tender_types::{Bundle, Cluster, HelmOp, conditions, hash, labels};
 
 const WORKSPACE: &str = "tender-default";
 const CLUSTERS: [(&str, usize); 2] = [("east", 1), ("west", 2)];
@@ -416,39 +416,46 @@ async fn wait_secret_data(
     }
 }
 
+/// Waits (up to 60 s) until Bundle `name` reports Ready.
 async fn wait_bundle_ready(hub: &kube::Client, name: &str) -> Result<()> {
-    let api: Api<Bundle> = Api::namespaced(hub.clone(), WORKSPACE);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let b = api.get(name).await?;
-        let ready = b
-            .status
-            .as_ref()
-            .map(|s| {
-                tender_types::conditions::is_true(
-                    &s.conditions,
-                    tender_types::conditions::TYPE_READY,
-                )
-            })
-            .unwrap_or(false);
-        if ready || Instant::now() > deadline {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_ready(
+        Api::<Bundle>::namespaced(hub.clone(), WORKSPACE),
+        name,
+        |b| {
+            b.status
+                .as_ref()
+                .is_some_and(|s| conditions::is_true(&s.conditions, conditions::TYPE_READY))
+        },
+    )
+    .await
 }
 
-/// Waits (up to 60 s) until HelmOp `name` reports Ready with every cluster ready.
+/// Waits (up to 60 s) until HelmOp `name` reports Ready with every cluster ready (its status
+/// is copied from its Bundle a moment after the Bundle's).
 async fn wait_helm_op_ready(hub: &kube::Client, name: &str) -> Result<()> {
-    let api: Api<HelmOp> = Api::namespaced(hub.clone(), WORKSPACE);
+    wait_ready(
+        Api::<HelmOp>::namespaced(hub.clone(), WORKSPACE),
+        name,
+        |h| {
+            h.status.as_ref().is_some_and(|s| {
+                conditions::is_true(&s.conditions, conditions::TYPE_READY)
+                    && s.summary
+                        .as_ref()
+                        .is_some_and(|m| m.desired_ready > 0 && m.ready == m.desired_ready)
+            })
+        },
+    )
+    .await
+}
+
+/// Polls `name` until `ready` holds, for at most 60 s (the status table shows whatever it is).
+async fn wait_ready<K>(api: Api<K>, name: &str, ready: impl Fn(&K) -> bool) -> Result<()>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let ready = api.get(name).await?.status.is_some_and(|s| {
-            tender_types::conditions::is_true(&s.conditions, tender_types::conditions::TYPE_READY)
-                && s.summary
-                    .is_some_and(|m| m.desired_ready > 0 && m.ready == m.desired_ready)
-        });
-        if ready || Instant::now() > deadline {
+        if ready(&api.get(name).await?) || Instant::now() > deadline {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
