@@ -169,6 +169,9 @@ async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
             "logLevel=debug",
             "leaderElection.leaseName=flags-lease",
             "clusterSummaryDelaySeconds=0",
+            // Parsed by the binary (a value it refused would stop it); its effect is
+            // e2e/tests/cluster_status.rs.
+            "clusterRolloutSummaryDelaySeconds=7",
         ],
     )
     .await;

@@ -1,5 +1,6 @@
 //! Heartbeat: renew the Lease `tender-agent` in the cluster namespace every
-//! `heartbeat_interval` (default 30 s, one small write), and write the Cluster's
+//! `heartbeat_interval` (default 30 s, one small write; a failed or stuck renewal is retried
+//! within seconds), and write the Cluster's
 //! `status.agent` at most every `cluster_status_interval` (default 5 min) or when what it says
 //! changes. 10 000 agents thus cost ~333 Lease writes/s and ~33 Cluster status writes/s on the
 //! hub at the defaults; Lease writes do not wake the hub's Cluster watches.
@@ -85,6 +86,24 @@ fn cluster_status_op(config: &AgentConfig, wanted: &AgentStatus) -> Op {
     })
 }
 
+/// How long one heartbeat write may take: a third of the interval (10 s at the default),
+/// so a write stuck on a slow or half-open connection is given up and retried while the
+/// Lease (three intervals) still holds, instead of blocking the next renewals.
+pub(crate) fn attempt_timeout(interval: Duration) -> Duration {
+    (interval / 3).max(Duration::from_secs(1))
+}
+
+/// The wait before the next renewal: the interval after a success; after `failures` failed
+/// renewals in a row, 2 s, 4 s, 8 s … capped at the interval, so one lost write does not
+/// cost a whole interval of the Lease's three.
+pub(crate) fn next_renewal(interval: Duration, failures: u32) -> Duration {
+    if failures == 0 {
+        return interval;
+    }
+    let backoff = Duration::from_secs(1u64 << failures.min(6));
+    backoff.min(interval)
+}
+
 /// Heartbeats through the hub executor every `heartbeat_interval` until `shutdown`.
 pub(crate) async fn run(
     hub: Arc<Executor>,
@@ -94,14 +113,25 @@ pub(crate) async fn run(
 ) {
     let mut last_status: Option<Instant> = None;
     let mut shown: Option<AgentStatus> = None;
+    let mut failures = 0u32;
+    let bound = attempt_timeout(config.heartbeat_interval);
+    let bounded = |op: Op| {
+        let hub = hub.clone();
+        async move {
+            match tokio::time::timeout(bound, hub.execute(op)).await {
+                Ok(result) => result.map(|_| ()).map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no answer within {bound:?}")),
+            }
+        }
+    };
     loop {
         let now = Timestamp::now();
-        let ok = hub
-            .execute(lease_op(&config, now))
+        let ok = bounded(lease_op(&config, now))
             .await
             .inspect_err(|error| tracing::warn!(%error, namespace = %config.cluster_namespace, "cannot renew the heartbeat Lease on the hub; retrying"))
             .is_ok();
         metrics.heartbeat("lease", ok);
+        failures = if ok { 0 } else { failures.saturating_add(1) };
 
         let wanted = agent_status(&config, now);
         if cluster_status_due(
@@ -110,7 +140,7 @@ pub(crate) async fn run(
             shown.as_ref(),
             &wanted,
         ) {
-            match hub.execute(cluster_status_op(&config, &wanted)).await {
+            match bounded(cluster_status_op(&config, &wanted)).await {
                 Ok(_) => {
                     last_status = Some(Instant::now());
                     shown = Some(wanted);
@@ -124,7 +154,7 @@ pub(crate) async fn run(
         }
 
         tokio::select! {
-            () = tokio::time::sleep(config.heartbeat_interval) => {}
+            () = tokio::time::sleep(next_renewal(config.heartbeat_interval, failures)) => {}
             () = shutdown.clone() => return,
         }
     }
@@ -162,6 +192,35 @@ mod tests {
         };
         assert_eq!(status.key, ObjectKey::of::<Cluster>(Some("ws"), "c1"));
         assert_eq!(status.body["status"]["agent"]["version"], VERSION);
+    }
+
+    #[test]
+    fn a_failed_renewal_is_retried_well_inside_the_lease() {
+        let interval = Duration::from_secs(30);
+        assert_eq!(next_renewal(interval, 0), interval);
+        assert_eq!(next_renewal(interval, 1), Duration::from_secs(2));
+        assert_eq!(next_renewal(interval, 2), Duration::from_secs(4));
+        assert_eq!(next_renewal(interval, 4), Duration::from_secs(16));
+        assert_eq!(
+            next_renewal(interval, 5),
+            interval,
+            "capped at the interval"
+        );
+        assert_eq!(next_renewal(interval, u32::MAX), interval);
+        // A stuck attempt is given up after a third of the interval: with the Lease lasting
+        // three intervals, the renewal due one interval after the last success, stuck, and
+        // three retries of it all start before the Lease expires.
+        assert_eq!(attempt_timeout(interval), Duration::from_secs(10));
+        assert_eq!(
+            attempt_timeout(Duration::from_secs(2)),
+            Duration::from_secs(1)
+        );
+        let worst = interval
+            + attempt_timeout(interval)
+            + (1..=3)
+                .map(|f| next_renewal(interval, f) + attempt_timeout(interval))
+                .sum::<Duration>();
+        assert!(worst < interval * 3, "{worst:?}");
     }
 
     #[test]

@@ -18,9 +18,14 @@ use crate::status::{self, Outcome, describe};
 /// Writes the status computed from `outcome` and its events, if it differs from the current one.
 pub(crate) async fn report(ctx: &Context, bd: &BundleDeployment, outcome: &Outcome) -> Result<()> {
     let new = status::compute(bd.status.as_ref(), outcome, Time(Timestamp::now()));
-    ctx.hub_writer
-        .execute_in_order(report_ops(bd, &new, outcome))
-        .await?;
+    let mut ops = report_ops(bd, &new, outcome).into_iter();
+    // The status write comes first; its events only with it (an idle 1000-agent run saw a
+    // `Deployed` series patched by a reconcile whose status write the memo had skipped).
+    if let Some(status) = ops.next() {
+        ctx.hub_writer
+            .execute_with_events(status, ops.collect())
+            .await?;
+    }
     Ok(())
 }
 

@@ -48,6 +48,10 @@ pub const DEFAULT_AGENT_OFFLINE_AFTER: Duration = Duration::from_secs(90);
 /// How long a summary-only Cluster status change waits before it is written, by default.
 pub const DEFAULT_CLUSTER_SUMMARY_DELAY: Duration = Duration::from_secs(5);
 
+/// How long a Cluster keeps its written summary while a new version of its ready
+/// BundleDeployments rolls out, by default (decision 66).
+pub const DEFAULT_CLUSTER_ROLLOUT_SUMMARY_DELAY: Duration = Duration::from_secs(30);
+
 /// What one hub instance does.
 #[derive(Debug, Clone)]
 pub struct HubConfig {
@@ -73,6 +77,10 @@ pub struct HubConfig {
     /// How long a Cluster status change that only moves its BundleDeployment summary waits
     /// before it is written, so the summary's transient states coalesce (decision 53).
     pub cluster_summary_delay: Duration,
+    /// How long a summary change that only moves ready BundleDeployments to `WaitApplied` (a
+    /// new version rolling out; the agent has not reported on it yet) waits instead: a
+    /// rotation that completes within it writes no Cluster status (decision 66).
+    pub cluster_rollout_summary_delay: Duration,
     /// Serve only Clusters labelled `tender.dev/shard=<id>` (`--shard-id`); `None` serves the
     /// Clusters without that label and folds every shard's entry into Bundle status
     /// (decision 62). Checked by [`tender_types::labels::validate_shard_id`].
@@ -94,6 +102,7 @@ impl Default for HubConfig {
             )
             .expect("the default copyable kinds parse"),
             cluster_summary_delay: DEFAULT_CLUSTER_SUMMARY_DELAY,
+            cluster_rollout_summary_delay: DEFAULT_CLUSTER_ROLLOUT_SUMMARY_DELAY,
             shard_id: None,
         }
     }

@@ -60,6 +60,15 @@ struct Args {
         default_value_t = 5
     )]
     cluster_summary_delay_seconds: u64,
+    /// Seconds a Cluster keeps showing its ready BundleDeployments while a new version of them
+    /// rolls out (WaitApplied): a rollout that completes within it writes no Cluster status; one
+    /// still waiting after it is written (0 = at once).
+    #[arg(
+        long,
+        env = "TENDER_CLUSTER_ROLLOUT_SUMMARY_DELAY_SECONDS",
+        default_value_t = 30
+    )]
+    cluster_rollout_summary_delay_seconds: u64,
     /// Accept push-mode kubeconfigs with an exec plugin or auth-provider. Such a kubeconfig
     /// runs a command inside the hub pod, with the hub's credentials, chosen by whoever can
     /// write the Secret; see docs/push-mode.md.
@@ -130,6 +139,9 @@ async fn main() -> anyhow::Result<()> {
         }),
         agent_offline_after: std::time::Duration::from_secs(args.agent_offline_after_seconds),
         cluster_summary_delay: std::time::Duration::from_secs(args.cluster_summary_delay_seconds),
+        cluster_rollout_summary_delay: std::time::Duration::from_secs(
+            args.cluster_rollout_summary_delay_seconds,
+        ),
         instance: args.pod_name,
         push: tender_hub::push::PushConfig {
             allow_kubeconfig_exec: args.allow_kubeconfig_exec,

@@ -25,6 +25,7 @@ use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
 use tender_types::{Bundle, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource};
 use tokio::task::JoinHandle;
 
+use crate::status_moves::{LeaseGaps, StatusMoves};
 use crate::{
     Args, BUNDLE, Pids, WORKSPACE, config_map, cpu_now, mem_mb, own_rss_mb, secret, wait_all,
 };
@@ -406,6 +407,7 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         .collect();
 
     // First deployment.
+    let lease_gaps = LeaseGaps::watch(admin.clone());
     let start = Instant::now();
     for bundle in agents_bundles(n) {
         Api::<Bundle>::namespaced(admin.clone(), WORKSPACE)
@@ -441,7 +443,10 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         }
     }
 
-    // Idle with N agents watching (heartbeats every 30 s included): no other write.
+    // Idle with N agents watching (heartbeats every 30 s included): no other write. A watch
+    // of the Clusters names what moved in any hub-owned status written meanwhile.
+    let moves = StatusMoves::watch(clusters.clone());
+    moves.until_ready().await;
     let (hub_before, agents_before) = (hub_requests(), agent_requests());
     let before = cpu_now(&pids);
     tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
@@ -455,6 +460,18 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         args.idle_seconds,
         if idle_ok { "OK" } else { "FAILED" }
     );
+    let moved = moves.finish();
+    let hb = lease_gaps.finish();
+    println!(
+        "  heartbeats from the first deployment to the idle window's end: {} Lease renewals seen; longest gap between renewals {:.1} s ({}), longest lag from renewTime to the hub's watch {:.1} s ({})",
+        hb.renewals, hb.longest_gap_s, hb.gap_namespace, hb.longest_lag_s, hb.lag_namespace
+    );
+    for m in moved.iter().take(20) {
+        println!("    moved while idle: {m}");
+    }
+    if moved.len() > 20 {
+        println!("    … and {} more", moved.len() - 20);
+    }
     let mut failed = Vec::new();
     if !idle_ok {
         failed.push(format!(
@@ -478,6 +495,9 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         json!({"seconds": args.idle_seconds, "cpu_s": {"bench": idle_cpu[0],
         "hub_apiserver": idle_cpu[1], "etcd": idle_cpu[2], "hub_kcm": idle_cpu[3]},
         "writes_but_heartbeats": {"hub": hub_idle, "agents": agents_idle},
+        "cluster_status_moves": moved,
+        "heartbeats": {"renewals": hb.renewals, "longest_gap_s": hb.longest_gap_s,
+            "longest_lag_s": hb.longest_lag_s},
         "hub_apiserver_rss_mb": apiserver_rss, "bench_rss_mb": own_rss_mb()}),
     );
 

@@ -59,6 +59,8 @@ mod agents;
 mod baseline;
 #[path = "../bench/peers/mod.rs"]
 mod peers;
+#[path = "../bench/status_moves.rs"]
+mod status_moves;
 
 use baseline::Baseline;
 

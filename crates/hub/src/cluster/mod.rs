@@ -8,7 +8,7 @@ mod status;
 
 pub use access::{AgentAccess, agent_access, upstream_access};
 pub use status::{cluster_status, last_heartbeat};
-use status::{status_key, summary_wait};
+use status::{rollout_only, status_key, summary_wait};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -74,7 +74,7 @@ pub(crate) fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<Ctx>) 
 fn release(cluster: &Cluster, ctx: &Ctx) {
     let key = (cluster.namespace().unwrap_or_default(), cluster.name_any());
     ctx.push.stop(&ObjectRef::from_obj(cluster));
-    summary_due(ctx, key.clone(), false);
+    summary_due(ctx, key.clone(), None);
     ctx.provisioned.lock().expect("lock").remove(&key);
 }
 
@@ -380,11 +380,19 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     // states (a rotation's WaitApplied, a fan-out's arrivals) coalesce into one write, or none
     // when the summary is back where it was.
     let summary_only = !unchanged
-        && written_summary.is_some_and(|old| {
-            let (held, _) = status_with(old);
+        && written_summary.as_ref().is_some_and(|old| {
+            let (held, _) = status_with(old.clone());
             cluster.status.as_ref().map(status_key) == Some(status_key(&held))
         });
-    let due = summary_due(ctx, (workspace.clone(), name.clone()), summary_only);
+    // A new version rolling out to ready deployments waits longer (decision 66): at 1000
+    // agents a rotation outlasts the summary delay, and showing it cost two writes per cluster.
+    let delay = summary_only.then(|| match (&written_summary, &status.summary) {
+        (Some(old), Some(new)) if rollout_only(old, new) => {
+            ctx.config.cluster_rollout_summary_delay
+        }
+        _ => ctx.config.cluster_summary_delay,
+    });
+    let due = summary_due(ctx, (workspace.clone(), name.clone()), delay);
     if let Some(wait) = due {
         let wait = recheck.map_or(wait, |r| r.min(wait));
         return Ok(Action::requeue(wait));
@@ -404,10 +412,10 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     Ok(recheck.map_or_else(Action::await_change, Action::requeue))
 }
 
-/// How long a summary-only status change of Cluster `key` still waits (`None`: write now).
-fn summary_due(ctx: &Ctx, key: (String, String), summary_only: bool) -> Option<Duration> {
+/// How long a summary-only status change of Cluster `key` still waits (`None`: write now);
+/// `delay` is `Some` for a summary-only change.
+fn summary_due(ctx: &Ctx, key: (String, String), delay: Option<Duration>) -> Option<Duration> {
     let mut due = ctx.summary_due.lock().expect("lock");
-    let delay = summary_only.then_some(ctx.config.cluster_summary_delay);
     summary_wait(&mut due, key, delay, std::time::Instant::now())
 }
 

@@ -167,10 +167,25 @@ pub(super) fn status_key(status: &ClusterStatus) -> String {
     hash::value_hash(&value)
 }
 
+/// Whether going from the written summary `old` to `new` only moves ready BundleDeployments
+/// to `WaitApplied`: the hub wrote them a new version (a rotation, an edited Bundle) that their
+/// agents have not reported on yet. Nothing failed, none came or went. Pure.
+pub(super) fn rollout_only(old: &BundleSummary, new: &BundleSummary) -> bool {
+    new.desired_ready == old.desired_ready
+        && new.wait_applied > old.wait_applied
+        && new.ready < old.ready
+        && new.err_applied <= old.err_applied
+        && new.modified <= old.modified
+        && new.not_ready <= old.not_ready
+        && new.pending <= old.pending
+}
+
 /// How long a pending summary-only change still waits, given when each pending one is due
 /// (`due`, by cluster): `delay` is `Some` for a summary-only change. The first sight of one
-/// starts its clock; once due, or when the change is of another kind (or gone), the entry is
-/// cleared and `None` means write now (or nothing to wait for). Pure.
+/// starts its clock, and a later change with a shorter delay brings it forward (a rollout
+/// that turns into a failure waits no longer than the failure would); once due, or when the
+/// change is of another kind (or gone), the entry is cleared and `None` means write now (or
+/// nothing to wait for). Pure.
 pub(super) fn summary_wait<K: std::hash::Hash + Eq + Clone>(
     due: &mut std::collections::HashMap<K, Instant>,
     key: K,
@@ -181,7 +196,10 @@ pub(super) fn summary_wait<K: std::hash::Hash + Eq + Clone>(
         due.remove(&key);
         return None;
     };
-    let at = *due.entry(key.clone()).or_insert(now + delay);
+    let at = *due
+        .entry(key.clone())
+        .and_modify(|at| *at = (*at).min(now + delay))
+        .or_insert(now + delay);
     if at <= now {
         due.remove(&key);
         return None;
@@ -235,6 +253,60 @@ mod tests {
         // A zero delay writes at once.
         assert_eq!(summary_wait(&mut due, "c", Some(Duration::ZERO), t0), None);
         assert!(due.is_empty());
+    }
+
+    #[test]
+    fn a_rollout_waits_longer_until_it_turns_into_something_else() {
+        let mut due = std::collections::HashMap::new();
+        let t0 = Instant::now();
+        let (rollout, failure) = (Some(Duration::from_secs(30)), Some(Duration::from_secs(5)));
+        assert_eq!(
+            summary_wait(&mut due, "c", rollout, t0),
+            Some(Duration::from_secs(30))
+        );
+        // 10 s in, one BundleDeployment fails to apply: written 5 s later, not 20.
+        assert_eq!(
+            summary_wait(&mut due, "c", failure, t0 + Duration::from_secs(10)),
+            Some(Duration::from_secs(5))
+        );
+        // Back to rolling out: the earlier clock stays.
+        assert_eq!(
+            summary_wait(&mut due, "c", rollout, t0 + Duration::from_secs(12)),
+            Some(Duration::from_secs(3))
+        );
+    }
+
+    #[test]
+    fn only_ready_deployments_moving_to_wait_applied_are_a_rollout() {
+        let ready = summary(3, 3);
+        let mut rolling = summary(3, 1);
+        assert_eq!(rolling.wait_applied, 2);
+        assert!(rollout_only(&ready, &rolling));
+        // Partly rolled out, further along or not: still measured against what was written.
+        rolling.ready = 2;
+        rolling.wait_applied = 1;
+        assert!(rollout_only(&ready, &rolling));
+        // Nothing moved, or moved back: not a rollout (and not a change at all).
+        assert!(!rollout_only(&ready, &ready));
+        // A deployment added (first deployment of a new Bundle): counted as usual.
+        let mut added = summary(4, 3);
+        added.pending = 1;
+        added.wait_applied = 0;
+        assert!(!rollout_only(&ready, &added));
+        // A failure, drift or an unready object is never held back as a rollout.
+        for field in 0..3 {
+            let mut worse = summary(3, 1);
+            worse.wait_applied = 1;
+            match field {
+                0 => worse.err_applied = 1,
+                1 => worse.modified = 1,
+                _ => worse.not_ready = 1,
+            }
+            assert!(!rollout_only(&ready, &worse), "{worse:?}");
+        }
+        // A cluster already waiting on its agent: more of it waiting is still the rollout.
+        let waiting = summary(3, 2);
+        assert!(rollout_only(&waiting, &summary(3, 0)));
     }
 
     #[test]

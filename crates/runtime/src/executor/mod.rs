@@ -87,6 +87,22 @@ impl Executor {
         Ok(out)
     }
 
+    /// Carries out `write`, then `events` only when the write was made: the events tell of the
+    /// transition the write records, and a write skipped as already made (the memo: a
+    /// reconcile that ran before the cache had its own write) was told of by the call that
+    /// made it.
+    pub async fn execute_with_events(
+        &self,
+        write: Op,
+        events: Vec<Op>,
+    ) -> Result<Outcome, ReconcileError> {
+        let outcome = self.execute(write).await?;
+        if outcome.wrote {
+            self.execute_in_order(events).await?;
+        }
+        Ok(outcome)
+    }
+
     /// Carries out one operation.
     pub async fn execute(&self, op: Op) -> Result<Outcome, ReconcileError> {
         let verb = op.verb();
@@ -389,6 +405,48 @@ mod tests {
             .forget(&ObjectKey::of::<Secret>(Some("c1"), "db"));
         assert!(!exec.execute(apply_db()).await.expect("stale").wrote);
         assert!(exec.execute(apply_db_over("5")).await.expect("apply").wrote);
+    }
+
+    #[tokio::test]
+    async fn events_follow_a_write_only_when_it_is_made() {
+        let event = r#"{"apiVersion":"events.k8s.io/v1","kind":"Event","metadata":{"name":"e1","namespace":"c1"},"eventTime":"2026-12-01T00:00:00.000000Z","reportingController":"test","reportingInstance":"test","action":"Deploy","reason":"Deployed","type":"Normal"}"#;
+        let (client, mut seen) = canned(vec![(200, SECRET), (201, event), (201, event)]).await;
+        let exec = executor(client);
+        let deployed = || {
+            vec![Op::Event(EventOp {
+                regarding: k8s_openapi::api::core::v1::ObjectReference {
+                    kind: Some("Secret".into()),
+                    namespace: Some("c1".into()),
+                    name: Some("db".into()),
+                    ..Default::default()
+                },
+                type_: kube::runtime::events::EventType::Normal,
+                reason: "Deployed".into(),
+                action: "Deploy".into(),
+                note: "applied".into(),
+            })]
+        };
+        let first = exec
+            .execute_with_events(apply_db(), deployed())
+            .await
+            .expect("write and event");
+        assert!(first.wrote);
+        assert!(seen.recv().await.expect("the write").starts_with("PATCH "));
+        let line = seen.recv().await.expect("the event");
+        assert!(
+            line.starts_with("POST ") && line.contains("/events"),
+            "{line}"
+        );
+
+        // The same write again over the same cached version: skipped, and so is its event
+        // (the canned apiserver would answer one more event and report its request).
+        let again = exec
+            .execute_with_events(apply_db(), deployed())
+            .await
+            .expect("skip");
+        assert!(!again.wrote);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(seen.try_recv().is_err(), "no event without its write");
     }
 
     #[tokio::test]
