@@ -2,12 +2,14 @@
 //! copies it needs, remove what is no longer wanted, and fold it all into the Bundle's status.
 //!
 //! Observe ([`observe`]: caches, and the sources whose content a copy needs) → plan ([`plan`]
-//! targeting, [`ops`] operations, [`status`]) → execute (the shared executor, at most
-//! [`FANOUT_CONCURRENCY`] clusters at a time).
+//! targeting, [`ops`] operations, [`events`], [`shards`] finalizers, [`status`]) → execute
+//! (the shared executor, at most [`FANOUT_CONCURRENCY`] clusters at a time).
 
+mod events;
 mod observe;
 mod ops;
 pub mod plan;
+mod shards;
 pub mod status;
 
 use std::collections::{BTreeSet, HashMap};
@@ -237,7 +239,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     }
     let reference = bundle.object_ref(&());
     ctx.exec
-        .execute_in_order(ops::fanout_events(&reference, created, deleted))
+        .execute_in_order(events::fanout_events(&reference, created, deleted))
         .await?;
     write_status(bundle, ctx, &facts, upstream).await?;
     Ok(Action::await_change())
@@ -295,8 +297,8 @@ async fn write_status(
     let Some(op) = op.filter(|op| !ctx.status_just_written(op)) else {
         return Ok(());
     };
-    let events = ops::transition_events(&bundle.object_ref(&()), old, &new);
-    ctx.exec.execute_in_order(events).await?;
+    let warnings = events::transition_events(&bundle.object_ref(&()), old, &new);
+    ctx.exec.execute_in_order(warnings).await?;
     ctx.write_status(Some(op)).await
 }
 
@@ -462,7 +464,7 @@ async fn cleanup(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     let ns = bundle.namespace().unwrap_or_default();
     ctx.sources.remove(&(ns.clone(), bundle.name_any()));
     if ctx.config.shard_id.is_none()
-        && let Some(op) = ops::stale_shard_finalizers(bundle, &ctx.shards_serving(&ns))
+        && let Some(op) = shards::stale_shard_finalizers(bundle, &ctx.shards_serving(&ns))
     {
         ctx.exec.execute(op).await?;
     }

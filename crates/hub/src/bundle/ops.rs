@@ -3,17 +3,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::ResourceExt;
 use kube::api::ObjectMeta;
-use kube::runtime::events::EventType;
 use serde_json::Value;
-use tender_runtime::executor::{Apply, EventOp, Fingerprint, ObjectKey, Op, body_of};
-use tender_types::conditions::{TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason};
+use tender_runtime::executor::{Apply, Fingerprint, ObjectKey, Op, body_of};
 use tender_types::{
-    API_GROUP_VERSION, Bundle, BundleDeployment, BundleDeploymentSpec, BundleStatus, SourceKind,
-    copy, hash, labels, names,
+    API_GROUP_VERSION, BundleDeployment, BundleDeploymentSpec, SourceKind, copy, hash, labels,
+    names,
 };
 
 use super::plan::{DesiredCopy, DesiredDeployment, edited_by_others};
@@ -57,29 +55,6 @@ pub(crate) fn owned_labels(
         owned.insert(labels::SHARD.into(), id.into());
     }
     owned
-}
-
-/// The unsharded replica's removal of the cleanup finalizers of shards that serve no Cluster
-/// of the Bundle's workspace (`serving`: the shard ids Clusters are labelled with), so a
-/// retired shard never holds a Bundle's deletion forever; none when there are none. A shard
-/// without Clusters has no BundleDeployments to remove (a moved Cluster's are adopted).
-pub(crate) fn stale_shard_finalizers(bundle: &Bundle, serving: &BTreeSet<String>) -> Option<Op> {
-    let prefix = format!("{}-", labels::BUNDLE_CLEANUP_FINALIZER);
-    let stale = |f: &String| {
-        f.strip_prefix(&prefix)
-            .is_some_and(|id| !serving.contains(id))
-    };
-    if !bundle.finalizers().iter().any(stale) {
-        return None;
-    }
-    let kept: Vec<&String> = bundle.finalizers().iter().filter(|f| !stale(f)).collect();
-    // resourceVersion makes this a compare-and-swap: a concurrent change fails and retries.
-    Some(Op::MergePatch {
-        key: ObjectKey::of::<Bundle>(bundle.namespace().as_deref(), &bundle.name_any()),
-        patch: serde_json::json!({
-            "metadata": {"finalizers": kept, "resourceVersion": bundle.resource_version()}
-        }),
-    })
 }
 
 /// What to do with one cluster's BundleDeployment.
@@ -387,125 +362,14 @@ pub(crate) fn delete_deployment_op(bd: &BundleDeployment) -> Op {
     }
 }
 
-fn event(
-    regarding: &ObjectReference,
-    type_: EventType,
-    reason: &str,
-    action: &str,
-    note: String,
-) -> Op {
-    Op::Event(EventOp {
-        regarding: regarding.clone(),
-        type_,
-        reason: reason.to_string(),
-        action: action.to_string(),
-        note,
-    })
-}
-
-/// Events for BundleDeployments created and deleted by this reconcile.
-pub(crate) fn fanout_events(
-    regarding: &ObjectReference,
-    created: usize,
-    deleted: usize,
-) -> Vec<Op> {
-    let mut ops = Vec::new();
-    if created > 0 {
-        ops.push(event(
-            regarding,
-            EventType::Normal,
-            "BundleDeploymentsCreated",
-            "Target",
-            format!("created BundleDeployments for {created} clusters"),
-        ));
-    }
-    if deleted > 0 {
-        ops.push(event(
-            regarding,
-            EventType::Normal,
-            "BundleDeploymentsDeleted",
-            "Untarget",
-            format!("deleted BundleDeployments of {deleted} clusters no longer targeted"),
-        ));
-    }
-    ops
-}
-
-/// Warning events for conditions that move into a problem state (the status says the rest).
-pub(crate) fn transition_events(
-    regarding: &ObjectReference,
-    old: Option<&BundleStatus>,
-    new: &BundleStatus,
-) -> Vec<Op> {
-    const PROBLEMS: [&str; 5] = [
-        reason::SOURCE_NOT_FOUND,
-        reason::COPY_FEATURE_DISABLED,
-        reason::KIND_NOT_ALLOWED,
-        reason::INVALID_SELECTOR,
-        reason::NO_CLUSTERS_MATCHED,
-    ];
-    let reason_of = |s: Option<&BundleStatus>, t: &str| {
-        s.and_then(|s| find_condition(&s.conditions, t))
-            .map(|c| (c.reason.clone(), c.message.clone()))
-    };
-    let mut ops = Vec::new();
-    for t in [TYPE_RESOURCES_COPIED, TYPE_READY] {
-        let before = reason_of(old, t).map(|(r, _)| r);
-        let Some((after, message)) = reason_of(Some(new), t) else {
-            continue;
-        };
-        // Source problems show on both conditions: report them once, from ResourcesCopied.
-        let duplicate = t == TYPE_READY
-            && (after == reason::SOURCE_NOT_FOUND || after == reason::KIND_NOT_ALLOWED);
-        if before.as_deref() != Some(after.as_str())
-            && PROBLEMS.contains(&after.as_str())
-            && !duplicate
-        {
-            ops.push(event(
-                regarding,
-                EventType::Warning,
-                &after,
-                "Reconcile",
-                message,
-            ));
-        }
-    }
-    ops
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bundle::events::{fanout_events, transition_events};
     use crate::bundle::plan::{DesiredSpec, Plan};
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use tender_types::BundleStatus;
 
-    #[test]
-    fn only_finalizers_of_shards_without_clusters_are_removed() {
-        let mut b = Bundle::new("app", Default::default());
-        b.metadata.namespace = Some("ws".into());
-        b.metadata.resource_version = Some("7".into());
-        b.metadata.finalizers = Some(vec![
-            labels::BUNDLE_CLEANUP_FINALIZER.into(),
-            labels::bundle_cleanup_finalizer(Some("a")),
-            labels::bundle_cleanup_finalizer(Some("gone")),
-            "example.com/other".into(),
-        ]);
-        let serving = BTreeSet::from(["a".to_string()]);
-        let Some(Op::MergePatch { patch, .. }) = stale_shard_finalizers(&b, &serving) else {
-            panic!("expected a patch");
-        };
-        assert_eq!(
-            patch["metadata"]["finalizers"],
-            serde_json::json!([
-                labels::BUNDLE_CLEANUP_FINALIZER,
-                labels::bundle_cleanup_finalizer(Some("a")),
-                "example.com/other"
-            ])
-        );
-        assert_eq!(patch["metadata"]["resourceVersion"], "7");
-        // Every shard still serves a Cluster: nothing to do.
-        let all = BTreeSet::from(["a".to_string(), "gone".to_string()]);
-        assert!(stale_shard_finalizers(&b, &all).is_none());
-    }
     use k8s_openapi::ByteString;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use k8s_openapi::jiff::Timestamp;
@@ -802,29 +666,6 @@ mod tests {
                 uid: Some("b".into()),
             }]
         );
-    }
-
-    #[test]
-    fn problem_transitions_raise_one_warning() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-        let cond = |t: &str, r: &str| Condition {
-            type_: t.into(),
-            status: "False".into(),
-            reason: r.into(),
-            message: "m".into(),
-            last_transition_time: Time(Timestamp::UNIX_EPOCH),
-            observed_generation: None,
-        };
-        let new = BundleStatus {
-            conditions: vec![
-                cond(TYPE_RESOURCES_COPIED, reason::SOURCE_NOT_FOUND),
-                cond(TYPE_READY, reason::SOURCE_NOT_FOUND),
-            ],
-            ..Default::default()
-        };
-        let ops = transition_events(&ObjectReference::default(), None, &new);
-        assert_eq!(ops.len(), 1, "reported once, from ResourcesCopied");
-        assert!(transition_events(&ObjectReference::default(), Some(&new), &new).is_empty());
     }
 
     #[test]
