@@ -42,6 +42,17 @@ pub(crate) async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Ac
         warn_invalid_shard(&cluster, &ctx).await;
         return Ok(Action::await_change());
     }
+    // A Cluster going away while its agent reports in: its BundleDeployments go first and the
+    // agent cleans up downstream before the hub strips the agent's finalizers (decision 68).
+    if cluster.metadata.deletion_timestamp.is_some()
+        && cluster
+            .finalizers()
+            .iter()
+            .any(|f| f == labels::CLUSTER_CLEANUP_FINALIZER)
+        && let Some(wait) = await_agent_cleanup(&cluster, &ctx).await?
+    {
+        return Ok(Action::requeue(wait));
+    }
     let workspace = cluster.namespace().unwrap_or_default();
     let object = format!("Cluster {workspace}/{}", cluster.name_any());
     let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), &workspace);
@@ -209,6 +220,104 @@ fn provision_ops(objects: Vec<Provisioned>, live: &[Option<String>]) -> Vec<Op> 
             (false, None) => None,
         })
         .collect()
+}
+
+/// How long after a Cluster's deletion the hub waits, at most, for its agent to clean up what
+/// it deployed before stripping the agent's finalizers (decision 68).
+pub const AGENT_CLEANUP_GRACE: Duration = Duration::from_secs(60);
+
+/// Where a deleted Cluster's cleanup stands with its agent.
+#[derive(Debug)]
+enum AgentCleanup {
+    /// Go on with [`cleanup`]: nothing holds the agent's finalizer, the agent does not report
+    /// in (nothing will answer; what it deployed stays), or the grace has passed.
+    Proceed,
+    /// The agent reports in and still holds BundleDeployments: delete those not yet deleting
+    /// and look again after `wait`.
+    Wait { deletes: Vec<Op>, wait: Duration },
+}
+
+/// The step of a deleted Cluster's cleanup given its BundleDeployments (read fresh), the
+/// agent's last heartbeat and when the Cluster was deleted. Pure.
+fn agent_cleanup_step(
+    bds: &[BundleDeployment],
+    heartbeat: Option<Timestamp>,
+    deleted_at: Option<Timestamp>,
+    now: Timestamp,
+    offline_after: Duration,
+    grace: Duration,
+) -> AgentCleanup {
+    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    let holding: Vec<&BundleDeployment> = bds
+        .iter()
+        .filter(|bd| {
+            bd.finalizers()
+                .iter()
+                .any(|f| f == labels::AGENT_CLEANUP_FINALIZER)
+        })
+        .collect();
+    let reports_in =
+        heartbeat.is_some_and(|h| now.as_millisecond() - h.as_millisecond() < ms(offline_after));
+    let waited = deleted_at.map(|t| now.as_millisecond() - t.as_millisecond());
+    let Some(waited) = waited.filter(|w| *w < ms(grace)) else {
+        return AgentCleanup::Proceed;
+    };
+    if holding.is_empty() || !reports_in {
+        return AgentCleanup::Proceed;
+    }
+    let deletes = holding
+        .iter()
+        .filter(|bd| bd.metadata.deletion_timestamp.is_none())
+        .map(|bd| Op::Delete {
+            key: ObjectKey::of::<BundleDeployment>(bd.namespace().as_deref(), &bd.name_any()),
+            uid: bd.uid(),
+        })
+        .collect();
+    let left = Duration::from_millis(u64::try_from(ms(grace) - waited).unwrap_or(0));
+    AgentCleanup::Wait {
+        deletes,
+        wait: left.min(Duration::from_secs(2)),
+    }
+}
+
+/// Deletes a deleted Cluster's BundleDeployments and says how long to wait while its agent,
+/// still reporting in, cleans up downstream; `None`: go on with [`cleanup`].
+async fn await_agent_cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Option<Duration>, Error> {
+    let workspace = cluster.namespace().unwrap_or_default();
+    let name = cluster.name_any();
+    let ns_name = names::cluster_namespace(&workspace, &name);
+    let lease = ctx
+        .stores
+        .leases
+        .get(&ObjectRef::new(names::AGENT_LEASE).within(&ns_name))
+        .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
+    // Read fresh, not from the cache: the agent's finalizer removals are what we wait for.
+    let api: Api<BundleDeployment> = Api::namespaced(ctx.client.clone(), &ns_name);
+    let bds = match api.list(&ListParams::default()).await {
+        Ok(list) => list.items,
+        Err(e) if tender_runtime::reconcile::is_not_found(&e) => Vec::new(),
+        Err(e) => return Err(kube_err(format!("list BundleDeployments in {ns_name}"))(e)),
+    };
+    let step = agent_cleanup_step(
+        &bds,
+        last_heartbeat(cluster, lease),
+        cluster.metadata.deletion_timestamp.as_ref().map(|t| t.0),
+        Timestamp::now(),
+        ctx.config.agent_offline_after,
+        AGENT_CLEANUP_GRACE,
+    );
+    match step {
+        AgentCleanup::Proceed => Ok(None),
+        AgentCleanup::Wait { deletes, wait } => {
+            if !deletes.is_empty() {
+                tracing::info!(cluster = %name, namespace = %ns_name, deployments = deletes.len(), "cluster deleted: waiting for its agent to clean up downstream");
+            }
+            for result in ctx.exec.execute_all(deletes, 16).await {
+                result?;
+            }
+            Ok(Some(wait))
+        }
+    }
 }
 
 /// What the hub removes when a Cluster goes, in order: the agent's finalizer on each of the
@@ -451,6 +560,68 @@ mod tests {
                 other => format!("{other:?}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_deleted_cluster_waits_for_its_agent_only_while_it_reports_in_and_within_the_grace() {
+        let bd = |name: &str, agent_finalizer: bool, deleting: bool| {
+            let mut bd = BundleDeployment::new(name, Default::default());
+            bd.metadata.namespace = Some("cluster-ws-east-1".into());
+            bd.metadata.uid = Some(format!("uid-{name}"));
+            if agent_finalizer {
+                bd.metadata.finalizers = Some(vec![labels::AGENT_CLEANUP_FINALIZER.into()]);
+            }
+            if deleting {
+                bd.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+                );
+            }
+            bd
+        };
+        let at = |s: i64| Timestamp::from_second(s).unwrap();
+        let (offline, grace) = (Duration::from_secs(90), AGENT_CLEANUP_GRACE);
+        let bds = vec![
+            bd("a", true, false),
+            bd("b", true, true),
+            bd("c", false, false),
+        ];
+        // Deleted 10 s ago, agent seen 5 s ago: delete what is not deleting yet, by uid; wait.
+        let AgentCleanup::Wait { deletes, wait } =
+            agent_cleanup_step(&bds, Some(at(95)), Some(at(90)), at(100), offline, grace)
+        else {
+            panic!("expected a wait");
+        };
+        assert_eq!(wait, Duration::from_secs(2));
+        assert_eq!(deletes.len(), 1, "{deletes:?}");
+        assert!(
+            matches!(&deletes[0], Op::Delete { key, uid } if key.name == "a" && uid.as_deref() == Some("uid-a"))
+        );
+        // Near the end of the grace: wait only what is left.
+        let AgentCleanup::Wait { wait, .. } =
+            agent_cleanup_step(&bds, Some(at(145)), Some(at(90)), at(149), offline, grace)
+        else {
+            panic!("expected a wait");
+        };
+        assert_eq!(wait, Duration::from_secs(1));
+        for (why, heartbeat, now, bds) in [
+            ("the grace has passed", Some(at(150)), at(150), bds.clone()),
+            ("the agent is offline", Some(at(0)), at(100), bds.clone()),
+            ("no agent ever reported", None, at(100), bds.clone()),
+            (
+                "nothing holds the agent's finalizer",
+                Some(at(95)),
+                at(100),
+                vec![bd("c", false, false)],
+            ),
+        ] {
+            assert!(
+                matches!(
+                    agent_cleanup_step(&bds, heartbeat, Some(at(90)), now, offline, grace),
+                    AgentCleanup::Proceed
+                ),
+                "{why}"
+            );
+        }
     }
 
     #[test]
