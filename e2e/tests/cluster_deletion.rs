@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams};
 use tender_e2e::fixture::{WAIT, Workspace, app_bundle, stays};
 use tender_e2e::hub_harness::{hub_config, start_hub};
+use tender_e2e::proxy::WriteGate;
 use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
 use tender_types::Cluster;
 use tender_types::conditions::{TYPE_AGENT_CONNECTED, is_true};
@@ -39,12 +40,17 @@ async fn objects(down: &kube::Client, target: &str) -> [Option<String>; 3] {
 
 /// Deletes Cluster `name` and waits until it and its namespace are gone.
 async fn delete_cluster(ws: &Workspace, name: &str) {
-    let ns = ws.cluster_ns(name);
-    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
-    clusters
+    Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns)
         .delete(name, &DeleteParams::default())
         .await
         .unwrap();
+    wait_deleted(ws, name).await;
+}
+
+/// Waits until Cluster `name` and its namespace are gone.
+async fn wait_deleted(ws: &Workspace, name: &str) {
+    let ns = ws.cluster_ns(name);
+    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
     eventually(&format!("Cluster {name} gone"), WAIT, || async {
         Ok::<_, kube::Error>(clusters.get_opt(name).await?.is_none().then_some(()))
     })
@@ -59,7 +65,12 @@ async fn delete_cluster(ws: &Workspace, name: &str) {
 #[tokio::test]
 async fn a_cluster_deleted_while_its_agent_runs_has_its_deployed_objects_removed() {
     let ws = Workspace::new(shared_env(2).await, "delete-live").await;
-    let east = ws.agent("east", &downstream_name(1)).await;
+    // East's agent reaches its cluster through a gate that can hold its downstream writes, so
+    // its cleanup can be made slow: the hub must wait for it, not race it.
+    let gate = WriteGate::start(ws.downstream(&downstream_name(1)).await)
+        .await
+        .unwrap();
+    let east = ws.agent_through("east", &downstream_name(1), &gate).await;
     let west = ws.agent("west", &downstream_name(2)).await;
     let target = unique_name("delete-live");
     ws.source_secret("db-creds", &[("password", "v1")]).await;
@@ -80,7 +91,43 @@ async fn a_cluster_deleted_while_its_agent_runs_has_its_deployed_objects_removed
     let west_before = objects(&west_down, &target).await;
     assert!(west_before.iter().all(Option::is_some));
 
-    delete_cluster(&ws, "east").await;
+    gate.hold_writes_after(0);
+    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    clusters
+        .delete("east", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the agent's downstream delete held at the gate",
+        WAIT,
+        || {
+            let held = gate.holding();
+            async move {
+                Ok::<_, std::convert::Infallible>(
+                    held.iter().any(|r| r.starts_with("DELETE ")).then_some(()),
+                )
+            }
+        },
+    )
+    .await;
+    // While the agent's cleanup is held, the Cluster and its namespace (the agent's identity)
+    // stay: the hub waits for it.
+    let namespaces: Api<Namespace> = Api::all(ws.hub.clone());
+    let ns = ws.cluster_ns("east");
+    stays(
+        "the deleted Cluster and its namespace while the agent cleans up",
+        Duration::from_secs(4),
+        &(true, true),
+        || async {
+            (
+                clusters.get_opt("east").await.unwrap().is_some(),
+                namespaces.get_opt(&ns).await.unwrap().is_some(),
+            )
+        },
+    )
+    .await;
+    gate.release();
+    wait_deleted(&ws, "east").await;
     // Gone before the Cluster was: the hub waited for the agent's cleanup.
     assert_eq!(
         objects(&east_down, &target).await,
