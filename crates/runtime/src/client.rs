@@ -162,10 +162,11 @@ pub(crate) struct CountRequests<S> {
 impl<S, B> Service<Request<B>> for CountRequests<S>
 where
     S: Service<Request<B>>,
+    S::Future: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -175,7 +176,18 @@ where
         let class = classify(request.method(), request.uri());
         self.metrics
             .kube_request(class.verb, &class.resource, &class.subresource);
-        self.inner.call(request)
+        // A watch is answered at once and then streams: only other requests are "in flight"
+        // (a stuck write shows here; the bench's idle check waits for none).
+        let in_flight = (class.verb != "watch").then(|| {
+            self.metrics
+                .kube_request_in_flight(class.verb, &class.resource, &class.subresource)
+        });
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let answer = response.await;
+            drop(in_flight);
+            answer
+        })
     }
 }
 

@@ -7,6 +7,7 @@ use prometheus_client::{
     metrics::{
         counter::Counter,
         family::Family,
+        gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
     registry::{Registry, Unit},
@@ -60,6 +61,7 @@ pub struct Metrics {
     reconcile_errors: Family<ErrorLabels, Counter>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
     kube_requests: Family<KubeRequestLabels, Counter>,
+    kube_requests_in_flight: Family<KubeRequestLabels, Gauge>,
     object_writes: Family<WriteLabels, Counter>,
     object_writes_skipped: Family<WriteLabels, Counter>,
 }
@@ -86,6 +88,7 @@ impl Metrics {
             duration_histogram as fn() -> Histogram,
         );
         let kube_requests = Family::<KubeRequestLabels, Counter>::default();
+        let kube_requests_in_flight = Family::<KubeRequestLabels, Gauge>::default();
         let object_writes = Family::<WriteLabels, Counter>::default();
         let object_writes_skipped = Family::<WriteLabels, Counter>::default();
 
@@ -108,6 +111,11 @@ impl Metrics {
             kube_requests.clone(),
         );
         registry.register(
+            "kube_requests_in_flight",
+            "Requests sent to the Kubernetes apiserver and not answered yet (watches apart), by verb and resource",
+            kube_requests_in_flight.clone(),
+        );
+        registry.register(
             "tender_object_writes",
             "Writes the executor made, by verb (apply, status, patch, delete, recreate) and kind",
             object_writes.clone(),
@@ -124,6 +132,7 @@ impl Metrics {
             reconcile_errors,
             reconcile_duration,
             kube_requests,
+            kube_requests_in_flight,
             object_writes,
             object_writes_skipped,
         }
@@ -171,6 +180,26 @@ impl Metrics {
                 subresource: subresource.to_owned(),
             })
             .inc();
+    }
+
+    /// Marks one apiserver request as sent and not answered yet, until the returned guard is
+    /// dropped (answered, failed or given up); called by the client layer in [`crate::client`].
+    pub fn kube_request_in_flight(
+        &self,
+        verb: &str,
+        resource: &str,
+        subresource: &str,
+    ) -> InFlight {
+        let gauge = self
+            .kube_requests_in_flight
+            .get_or_create(&KubeRequestLabels {
+                verb: verb.to_owned(),
+                resource: resource.to_owned(),
+                subresource: subresource.to_owned(),
+            })
+            .clone();
+        gauge.inc();
+        InFlight(gauge)
     }
 
     /// Current value of `kube_requests_total` for one label set (0 if never seen), for
@@ -238,9 +267,33 @@ impl Drop for ReconcileTimer {
     }
 }
 
+/// One request counted in `kube_requests_in_flight` until dropped.
+#[must_use = "the request counts as in flight until the guard is dropped"]
+#[derive(Debug)]
+pub struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_is_in_flight_until_its_guard_is_dropped() {
+        let metrics = Metrics::new();
+        let line = "kube_requests_in_flight{verb=\"patch\",resource=\"leases\",subresource=\"\"}";
+        let first = metrics.kube_request_in_flight("patch", "leases", "");
+        let second = metrics.kube_request_in_flight("patch", "leases", "");
+        assert!(metrics.encode().contains(&format!("{line} 2")));
+        drop(first);
+        assert!(metrics.encode().contains(&format!("{line} 1")));
+        drop(second);
+        assert!(metrics.encode().contains(&format!("{line} 0")));
+    }
 
     #[test]
     fn encoding_includes_common_families_and_samples() {

@@ -22,7 +22,9 @@ use tender_e2e::hub_harness::{
     WRITE_VERBS, agent_kubeconfig, hub_config, request_series, start_hub,
 };
 use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
-use tender_types::{Bundle, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource};
+use tender_types::{
+    Bundle, BundleDeployment, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource,
+};
 use tokio::task::JoinHandle;
 
 use crate::status_moves::{LeaseGaps, StatusMoves};
@@ -122,6 +124,29 @@ fn requests(registries: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
                 format!("{verb} {res}/{sub}")
             };
             *out.entry(key).or_default() += n;
+        }
+    }
+    out
+}
+
+/// Requests sent and not answered yet, keyed like [`requests`] (`kube_requests_in_flight`).
+fn in_flight(registries: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for text in registries {
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("kube_requests_in_flight{") else {
+                continue;
+            };
+            // Same label layout as `kube_requests_total`: reuse its parser.
+            let counted = format!("kube_requests_total{{{rest}");
+            for (verb, res, sub, n) in request_series(&counted) {
+                let key = if sub.is_empty() {
+                    format!("{verb} {res}")
+                } else {
+                    format!("{verb} {res}/{sub}")
+                };
+                *out.entry(key).or_default() += n;
+            }
         }
     }
     out
@@ -421,6 +446,31 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     let secs = start.elapsed().as_secs_f64();
     println!("  first deployment: every downstream copy present after {secs:.1} s");
     out.insert("first_deploy_s".into(), json!(secs));
+    // Converged only when every agent has reported its whole deployment applied and ready:
+    // a copy can be downstream while the rest of its deployment is still on its way (one
+    // agent's write stuck for a minute and a half in a run).
+    let in_bench = watcher::Config::default()
+        .labels(&format!("{}={WORKSPACE}", tender_types::labels::WORKSPACE));
+    let secs = wait_all(
+        "BundleDeployments applied and ready",
+        Api::<BundleDeployment>::all(admin.clone()),
+        in_bench,
+        n,
+        start,
+        timeout,
+        |bd: &BundleDeployment| {
+            bd.status.as_ref().is_some_and(|s| {
+                s.applied_deployment_id.as_deref() == Some(bd.spec.deployment_id.as_str())
+                    && tender_types::conditions::is_true(
+                        &s.conditions,
+                        tender_types::conditions::TYPE_READY,
+                    )
+            })
+        },
+    )
+    .await?;
+    println!("  first deployment: every BundleDeployment applied and ready after {secs:.1} s");
+    out.insert("first_deploy_ready_s".into(), json!(secs));
     let hub_requests = || requests(std::iter::once(hub.metrics.encode()));
     let agent_requests = || requests(agents.iter().map(|a| a.metrics.shared().encode()));
     let writes_so_far = || {
@@ -432,13 +482,23 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     // caught up with the agents' writes, whose events wake their Bundles), for 3 s plus the
     // hub's Cluster summary delay.
     let activity = || writes_so_far() + hub.reconciles("bundle");
+    // ... and no write but heartbeats still in flight (one sent before the window and
+    // answered in it is followed by its Events, written in the window).
+    let writes_in_flight = || {
+        let hub = non_heartbeat_writes(&in_flight(std::iter::once(hub.metrics.encode())), false);
+        let agents = non_heartbeat_writes(
+            &in_flight(agents.iter().map(|a| a.metrics.shared().encode())),
+            true,
+        );
+        hub.values().chain(agents.values()).sum::<u64>()
+    };
     let quiet = Duration::from_secs(3) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
     let (mut last, mut since) = (activity(), Instant::now());
     let settle_start = Instant::now();
     while since.elapsed() < quiet && settle_start.elapsed() < timeout {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let now = activity();
-        if now != last {
+        if now != last || writes_in_flight() > 0 {
             (last, since) = (now, Instant::now());
         }
     }
