@@ -173,16 +173,7 @@ impl Workspace {
         let down = self.env.kubeconfig_as(downstream, ADMIN_USER);
         let (kubeconfig, mut config) = self.register(cluster).await;
         configure(&mut config);
-        let handle = start_agent_with(&kubeconfig, &down, config.clone())
-            .await
-            .unwrap();
-        Agent {
-            kubeconfig,
-            downstream_kubeconfig: down,
-            config,
-            downstream: downstream.to_string(),
-            handle: Some(handle),
-        }
+        launch(kubeconfig, down, config, downstream).await
     }
 
     /// Like [`agent`](Self::agent), the Cluster labelled `labels` (e.g. its hub shard).
@@ -194,30 +185,12 @@ impl Workspace {
     ) -> Agent {
         let down = self.env.kubeconfig_as(downstream, ADMIN_USER);
         let (kubeconfig, config) = self.register_labelled(cluster, labels).await;
-        let handle = start_agent_with(&kubeconfig, &down, config.clone())
-            .await
-            .unwrap();
-        Agent {
-            kubeconfig,
-            downstream_kubeconfig: down,
-            config,
-            downstream: downstream.to_string(),
-            handle: Some(handle),
-        }
+        launch(kubeconfig, down, config, downstream).await
     }
 
     async fn agent_with(&self, cluster: &str, downstream: &str, down: String) -> Agent {
         let (kubeconfig, config) = self.register(cluster).await;
-        let handle = start_agent_with(&kubeconfig, &down, config.clone())
-            .await
-            .unwrap();
-        Agent {
-            kubeconfig,
-            downstream_kubeconfig: down,
-            config,
-            downstream: downstream.to_string(),
-            handle: Some(handle),
-        }
+        launch(kubeconfig, down, config, downstream).await
     }
 
     /// Creates or replaces source Secret `name` in the workspace: [`secret`] with `data`,
@@ -293,6 +266,21 @@ impl Workspace {
             },
         )
         .await
+    }
+}
+
+/// Starts a registered Cluster's agent with its hub kubeconfig, its downstream kubeconfig
+/// `down` (for cluster `downstream` of the environment) and `config`.
+async fn launch(kubeconfig: String, down: String, config: AgentConfig, downstream: &str) -> Agent {
+    let handle = start_agent_with(&kubeconfig, &down, config.clone())
+        .await
+        .unwrap();
+    Agent {
+        kubeconfig,
+        downstream_kubeconfig: down,
+        config,
+        downstream: downstream.to_string(),
+        handle: Some(handle),
     }
 }
 

@@ -63,8 +63,15 @@ fn label<'a>(labels: &'a str, key: &str) -> &'a str {
 
 /// Every `kube_requests_total` series in an OpenMetrics text.
 pub fn request_series(text: &str) -> Vec<RequestSeries> {
+    series_of(text, "kube_requests_total")
+}
+
+/// Every series of `family`, labelled by verb, resource and subresource like
+/// `kube_requests_total` (e.g. `kube_requests_in_flight`), in an OpenMetrics text.
+pub fn series_of(text: &str, family: &str) -> Vec<RequestSeries> {
+    let prefix = format!("{family}{{");
     text.lines()
-        .filter_map(|line| line.strip_prefix("kube_requests_total{"))
+        .filter_map(|line| line.strip_prefix(prefix.as_str()))
         .filter_map(|rest| {
             let (labels, value) = rest.split_once("} ")?;
             Some((

@@ -18,9 +18,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tender_e2e::agent_harness::{AgentHandle, start_agent};
-use tender_e2e::hub_harness::{
-    WRITE_VERBS, agent_kubeconfig, hub_config, request_series, start_hub,
-};
+use tender_e2e::hub_harness::{WRITE_VERBS, agent_kubeconfig, hub_config, series_of, start_hub};
 use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
 use tender_types::{
     Bundle, BundleDeployment, BundleSpec, BundleTarget, Cluster, ClusterSpec, DownstreamResource,
@@ -115,38 +113,25 @@ pub(crate) async fn wait_version(
 /// Requests so far by "verb resource[/subresource]", summed over the hub or every agent
 /// (each agent counts its hub and downstream requests in one registry).
 fn requests(registries: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
+    by_request(registries, "kube_requests_total")
+}
+
+/// Requests sent and not answered yet, keyed like [`requests`] (`kube_requests_in_flight`).
+fn in_flight(registries: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
+    by_request(registries, "kube_requests_in_flight")
+}
+
+/// `family`'s series summed over `registries`, by "verb resource[/subresource]".
+fn by_request(registries: impl Iterator<Item = String>, family: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
     for text in registries {
-        for (verb, res, sub, n) in request_series(&text) {
+        for (verb, res, sub, n) in series_of(&text, family) {
             let key = if sub.is_empty() {
                 format!("{verb} {res}")
             } else {
                 format!("{verb} {res}/{sub}")
             };
             *out.entry(key).or_default() += n;
-        }
-    }
-    out
-}
-
-/// Requests sent and not answered yet, keyed like [`requests`] (`kube_requests_in_flight`).
-fn in_flight(registries: impl Iterator<Item = String>) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for text in registries {
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("kube_requests_in_flight{") else {
-                continue;
-            };
-            // Same label layout as `kube_requests_total`: reuse its parser.
-            let counted = format!("kube_requests_total{{{rest}");
-            for (verb, res, sub, n) in request_series(&counted) {
-                let key = if sub.is_empty() {
-                    format!("{verb} {res}")
-                } else {
-                    format!("{verb} {res}/{sub}")
-                };
-                *out.entry(key).or_default() += n;
-            }
         }
     }
     out

@@ -2,7 +2,7 @@
 //! Cluster status write, the bench prints which fields that write changed, so an idle failure
 //! names its cause instead of only its count. Cluster status holds no Secret data.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
@@ -17,37 +17,38 @@ use tokio::task::JoinHandle;
 pub(crate) fn json_diff(old: &Value, new: &Value, path: &str, out: &mut Vec<String>) {
     match (old, new) {
         (Value::Object(a), Value::Object(b)) => {
-            let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                let (x, y) = (
-                    a.get(k).unwrap_or(&Value::Null),
-                    b.get(k).unwrap_or(&Value::Null),
-                );
-                json_diff(x, y, &format!("{path}.{k}"), out);
-            }
+            let fields = |m: &'_ serde_json::Map<String, Value>| -> BTreeMap<String, Value> {
+                m.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+            };
+            diff_keyed(&fields(a), &fields(b), |k| format!("{path}.{k}"), out);
         }
         (Value::Array(a), Value::Array(b)) if typed(a) && typed(b) => {
-            let by_type = |v: &Vec<Value>| -> HashMap<String, Value> {
+            let by_type = |v: &[Value]| -> BTreeMap<String, Value> {
                 v.iter()
                     .map(|c| (c["type"].as_str().unwrap_or("").to_string(), c.clone()))
                     .collect()
             };
-            let (ma, mb) = (by_type(a), by_type(b));
-            let mut types: Vec<&String> = ma.keys().chain(mb.keys()).collect();
-            types.sort();
-            types.dedup();
-            for t in types {
-                let (x, y) = (
-                    ma.get(t).unwrap_or(&Value::Null),
-                    mb.get(t).unwrap_or(&Value::Null),
-                );
-                json_diff(x, y, &format!("{path}[{t}]"), out);
-            }
+            diff_keyed(&by_type(a), &by_type(b), |t| format!("{path}[{t}]"), out);
         }
         _ if old != new => out.push(format!("{path}: {old} -> {new}")),
         _ => {}
+    }
+}
+
+/// [`json_diff`] of the entries of two keyed collections (a missing entry is `null`).
+fn diff_keyed(
+    a: &BTreeMap<String, Value>,
+    b: &BTreeMap<String, Value>,
+    path: impl Fn(&str) -> String,
+    out: &mut Vec<String>,
+) {
+    let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    for k in keys {
+        let (x, y) = (
+            a.get(k).unwrap_or(&Value::Null),
+            b.get(k).unwrap_or(&Value::Null),
+        );
+        json_diff(x, y, &path(k), out);
     }
 }
 

@@ -286,21 +286,11 @@ async fn await_agent_cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Option<Dura
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let ns_name = names::cluster_namespace(&workspace, &name);
-    let lease = ctx
-        .stores
-        .leases
-        .get(&ObjectRef::new(names::AGENT_LEASE).within(&ns_name))
-        .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
     // Read fresh, not from the cache: the agent's finalizer removals are what we wait for.
-    let api: Api<BundleDeployment> = Api::namespaced(ctx.client.clone(), &ns_name);
-    let bds = match api.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(e) if tender_runtime::reconcile::is_not_found(&e) => Vec::new(),
-        Err(e) => return Err(kube_err(format!("list BundleDeployments in {ns_name}"))(e)),
-    };
+    let bds = list_fresh(ctx, &ns_name).await?;
     let step = agent_cleanup_step(
         &bds,
-        last_heartbeat(cluster, lease),
+        agent_heartbeat(ctx, cluster, &ns_name),
         cluster.metadata.deletion_timestamp.as_ref().map(|t| t.0),
         Timestamp::now(),
         ctx.config.agent_offline_after,
@@ -455,12 +445,7 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     });
     let push = ctx.push.ensure(cluster, secret_version.as_deref()).await?;
 
-    let lease = ctx
-        .stores
-        .leases
-        .get(&ObjectRef::new(names::AGENT_LEASE).within(&ns_name))
-        .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
-    let heartbeat = last_heartbeat(cluster, lease);
+    let heartbeat = agent_heartbeat(ctx, cluster, &ns_name);
     let bds: Vec<Arc<BundleDeployment>> = ctx
         .bundle_deployments_in(&ns_name)
         .into_iter()
@@ -528,6 +513,28 @@ fn summary_due(ctx: &Ctx, key: (String, String), delay: Option<Duration>) -> Opt
     summary_wait(&mut due, key, delay, std::time::Instant::now())
 }
 
+/// When Cluster `cluster` (namespace `ns`) last heard from its agent: its Lease in the cache
+/// and `status.agent`.
+pub(crate) fn agent_heartbeat(ctx: &Ctx, cluster: &Cluster, ns: &str) -> Option<Timestamp> {
+    let lease = ctx
+        .stores
+        .leases
+        .get(&ObjectRef::new(names::AGENT_LEASE).within(ns))
+        .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
+    last_heartbeat(cluster, lease)
+}
+
+/// The BundleDeployments in cluster namespace `ns`, read from the apiserver (none when the
+/// namespace is gone).
+async fn list_fresh(ctx: &Ctx, ns: &str) -> Result<Vec<BundleDeployment>, Error> {
+    let api: Api<BundleDeployment> = Api::namespaced(ctx.client.clone(), ns);
+    match api.list(&ListParams::default()).await {
+        Ok(list) => Ok(list.items),
+        Err(e) if tender_runtime::reconcile::is_not_found(&e) => Ok(Vec::new()),
+        Err(e) => Err(kube_err(format!("list BundleDeployments in {ns}"))(e)),
+    }
+}
+
 /// Works without an agent: see [`cleanup_ops`].
 async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let workspace = cluster.namespace().unwrap_or_default();
@@ -535,12 +542,7 @@ async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let ns_name = names::cluster_namespace(&workspace, &name);
     release(cluster, ctx);
     // Read fresh, not from the cache: a finalizer added a moment ago must not be missed.
-    let bds: Api<BundleDeployment> = Api::namespaced(ctx.client.clone(), &ns_name);
-    let list = match bds.list(&ListParams::default()).await {
-        Ok(list) => list.items,
-        Err(e) if tender_runtime::reconcile::is_not_found(&e) => Vec::new(),
-        Err(e) => return Err(kube_err(format!("list BundleDeployments in {ns_name}"))(e)),
-    };
+    let list = list_fresh(ctx, &ns_name).await?;
     ctx.exec
         .execute_in_order(cleanup_ops(&workspace, &name, &list))
         .await?;

@@ -413,13 +413,7 @@ fn reach(ctx: &Ctx, cluster: Option<&Cluster>, cns: &str) -> Reach {
             since: None,
         };
     };
-    let lease = ctx
-        .stores
-        .leases
-        .get(&ObjectRef::new(tender_types::names::AGENT_LEASE).within(cns))
-        .and_then(|l| l.spec.as_ref().and_then(|s| s.renew_time.clone()))
-        .map(|t| t.0);
-    let since = crate::cluster::last_heartbeat(c, lease)
+    let since = crate::cluster::agent_heartbeat(ctx, c, cns)
         .map(Time)
         .or_else(|| Some(cond.last_transition_time.clone()));
     Reach {

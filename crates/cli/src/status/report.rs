@@ -1,0 +1,261 @@
+//! From listed hub objects to the plain rows `tender status` shows (pure: no client).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::ResourceExt;
+use serde::Serialize;
+use tender_types::{Bundle, BundleDeployment, Cluster, HelmOp, conditions, labels};
+
+/// A workspace: its HelmOps, Bundles and Clusters.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceReport {
+    /// The workspace namespace.
+    pub workspace: String,
+    /// One row per HelmOp, by name (each has a Bundle of the same name among `bundles`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub helm_ops: Vec<HelmOpRow>,
+    /// One row per Bundle, by name.
+    pub bundles: Vec<BundleRow>,
+    /// One row per Cluster, by name.
+    pub clusters: Vec<ClusterRow>,
+}
+
+/// One Bundle's summary.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleRow {
+    /// Bundle name.
+    pub name: String,
+    /// One-word state (Ready, NotReady, Pending, …), empty before the hub has reported.
+    pub state: String,
+    /// Ready clusters out of targeted ones, e.g. `2/3`.
+    pub clusters_ready: String,
+    /// Status of the Ready condition: True, False or Unknown.
+    pub ready: String,
+    /// Reason of the Ready condition.
+    pub reason: String,
+    /// Message of the Ready condition.
+    pub message: String,
+}
+
+/// One HelmOp's summary: its chart and its Bundle's state as the hub reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HelmOpRow {
+    /// HelmOp name (also the name of its Bundle).
+    pub name: String,
+    /// `spec.helm.chart`.
+    pub chart: String,
+    /// `spec.helm.version` (empty: latest stable).
+    pub version: String,
+    /// Ready clusters out of targeted ones, e.g. `2/3`.
+    pub clusters_ready: String,
+    /// Status of the Ready condition: True, False or Unknown.
+    pub ready: String,
+    /// Reason of the Ready condition (e.g. BundleConflict).
+    pub reason: String,
+    /// Message of the Ready condition.
+    pub message: String,
+}
+
+/// The rows of `helm_ops`, sorted by name.
+pub fn helm_op_rows(helm_ops: &[HelmOp]) -> Vec<HelmOpRow> {
+    let mut rows: Vec<HelmOpRow> = helm_ops
+        .iter()
+        .map(|h| {
+            let status = h.status.clone().unwrap_or_default();
+            let (ready, reason, message) = ready_parts(&status.conditions);
+            HelmOpRow {
+                name: h.name_any(),
+                chart: h.spec.helm.chart.clone(),
+                version: h.spec.helm.version.clone().unwrap_or_default(),
+                clusters_ready: status.display.unwrap_or_default().ready_clusters,
+                ready,
+                reason,
+                message,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    rows
+}
+
+/// One Cluster's summary.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRow {
+    /// Cluster name.
+    pub name: String,
+    /// `Pull` (an agent) or `Push` (the hub reaches the cluster by kubeconfig).
+    pub mode: String,
+    /// One-word state (WaitingForAgent, Ready, Offline, …).
+    pub state: String,
+    /// Ready BundleDeployments out of all, e.g. `3/4`.
+    pub bundles_ready: String,
+    /// The cluster's namespace on the hub.
+    pub namespace: String,
+}
+
+/// One Bundle, cluster by cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleReport {
+    /// The workspace namespace.
+    pub workspace: String,
+    /// The Bundle's summary.
+    pub bundle: BundleRow,
+    /// One row per targeted cluster (per BundleDeployment), by cluster name.
+    pub clusters: Vec<TargetRow>,
+    /// Reverse sync: which cluster published which `upstreamResources` entry (from the
+    /// Bundle's status), by cluster and object.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<UpstreamRow>,
+}
+
+/// One cluster's publication of one `upstreamResources` entry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamRow {
+    /// Cluster name.
+    pub cluster: String,
+    /// The downstream object, `Kind namespace/name`.
+    pub object: String,
+    /// Name of the published object in the Bundle's namespace.
+    pub published: String,
+    /// Published, Pending, Missing, Rejected, Stale or Conflict.
+    pub state: String,
+    /// Why it is not Published (never Secret data); for Stale, since when.
+    pub message: String,
+}
+
+/// One targeted cluster of a Bundle: its BundleDeployment's state.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRow {
+    /// Cluster name.
+    pub cluster: String,
+    /// The cluster's namespace on the hub, where the BundleDeployment lives.
+    pub namespace: String,
+    /// One-word state of the BundleDeployment (Ready, WaitApplied, ErrApplied, …).
+    pub state: String,
+    /// Status of its Ready condition: True, False or Unknown.
+    pub ready: String,
+    /// Reason of its Ready condition.
+    pub reason: String,
+    /// Message of its Ready condition.
+    pub message: String,
+}
+
+/// The Ready condition as (status, reason, message); `Unknown` and empty when absent.
+fn ready_parts(conds: &[Condition]) -> (String, String, String) {
+    match conditions::find_condition(conds, conditions::TYPE_READY) {
+        Some(c) => (c.status.clone(), c.reason.clone(), c.message.clone()),
+        None => ("Unknown".into(), String::new(), String::new()),
+    }
+}
+
+/// The summary row of a Bundle.
+pub fn bundle_row(b: &Bundle) -> BundleRow {
+    let status = b.status.clone().unwrap_or_default();
+    let (ready, reason, message) = ready_parts(&status.conditions);
+    let display = status.display.unwrap_or_default();
+    BundleRow {
+        name: b.name_any(),
+        state: display.state,
+        clusters_ready: display.ready_clusters,
+        ready,
+        reason,
+        message,
+    }
+}
+
+/// The rows of a workspace, sorted by name.
+pub fn workspace_report(
+    workspace: &str,
+    bundles: &[Bundle],
+    clusters: &[Cluster],
+) -> WorkspaceReport {
+    let mut bundles: Vec<BundleRow> = bundles.iter().map(bundle_row).collect();
+    bundles.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut clusters: Vec<ClusterRow> = clusters
+        .iter()
+        .map(|c| {
+            let status = c.status.clone().unwrap_or_default();
+            let display = status.display.unwrap_or_default();
+            // The spec decides the mode; the status says so once the hub has seen it.
+            let mode = status.mode.unwrap_or_else(|| c.spec.mode());
+            ClusterRow {
+                name: c.name_any(),
+                mode: mode.to_string(),
+                state: display.state,
+                bundles_ready: display.ready_bundles,
+                namespace: status.namespace.unwrap_or_default(),
+            }
+        })
+        .collect();
+    clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    WorkspaceReport {
+        workspace: workspace.to_string(),
+        helm_ops: Vec::new(),
+        bundles,
+        clusters,
+    }
+}
+
+/// The rows of one Bundle: one per BundleDeployment, named by the cluster label the hub sets.
+pub fn bundle_report(
+    workspace: &str,
+    bundle: &Bundle,
+    deployments: &[BundleDeployment],
+) -> BundleReport {
+    let mut clusters: Vec<TargetRow> = deployments
+        .iter()
+        .map(|bd| {
+            let status = bd.status.clone().unwrap_or_default();
+            let (ready, reason, message) = ready_parts(&status.conditions);
+            let state = match status.display.map(|d| d.state) {
+                Some(s) if !s.is_empty() => s,
+                // The agent has not reported yet: say so rather than print nothing.
+                _ => "WaitingForAgent".to_string(),
+            };
+            TargetRow {
+                cluster: bd
+                    .labels()
+                    .get(labels::CLUSTER)
+                    .cloned()
+                    .unwrap_or_default(),
+                namespace: bd.namespace().unwrap_or_default(),
+                state,
+                ready,
+                reason,
+                message,
+            }
+        })
+        .collect();
+    clusters.sort_by(|a, b| (&a.cluster, &a.namespace).cmp(&(&b.cluster, &b.namespace)));
+    let mut upstream: Vec<UpstreamRow> = bundle
+        .status
+        .iter()
+        .flat_map(|s| s.upstream.iter())
+        .map(|p| {
+            let stale = p
+                .stale_since
+                .as_ref()
+                .map(|t| format!("stale since {}", t.0));
+            UpstreamRow {
+                cluster: p.cluster.clone(),
+                object: format!("{} {}/{}", p.kind, p.namespace, p.name),
+                published: p.published_name.clone(),
+                state: p.state.as_str().to_string(),
+                message: p.message.clone().or(stale).unwrap_or_default(),
+            }
+        })
+        .collect();
+    upstream.sort_by(|a, b| (&a.cluster, &a.object).cmp(&(&b.cluster, &b.object)));
+    BundleReport {
+        workspace: workspace.to_string(),
+        bundle: bundle_row(bundle),
+        clusters,
+        upstream,
+    }
+}
