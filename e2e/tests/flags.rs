@@ -344,8 +344,15 @@ async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
     // the address given.
     for r in [&mut a, &mut b] {
         r.assert_running();
+        let scraped = r.scrape().await;
         assert!(
-            r.scrape().await.contains("tender_object_writes_total"),
+            scraped.contains("tender_object_writes_total"),
+            "{}",
+            r.name()
+        );
+        // Requests in flight are tracked per verb and resource (decision 69).
+        assert!(
+            scraped.contains("kube_requests_in_flight{verb="),
             "{}",
             r.name()
         );
@@ -650,8 +657,14 @@ async fn every_agent_flag_and_chart_value_takes_effect_in_the_binary() {
     assert!(text && debug, "y logs text at debug:\n{}", y.log_tail());
     for r in [&mut x, &mut y] {
         r.assert_running();
+        let scraped = r.scrape().await;
         assert!(
-            r.scrape().await.contains("tender_agent_heartbeats_total"),
+            scraped.contains("tender_agent_heartbeats_total"),
+            "{}",
+            r.name()
+        );
+        assert!(
+            scraped.contains("kube_requests_in_flight{verb="),
             "{}",
             r.name()
         );
