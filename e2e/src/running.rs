@@ -211,13 +211,20 @@ impl Running {
     pub fn refusals(&self) -> Vec<String> {
         self.log()
             .lines()
-            .filter(|l| {
-                let l = l.to_ascii_lowercase();
-                l.contains("forbidden") || l.contains(" 403") || l.contains("unauthorized")
-            })
+            .filter(|l| shows_refusal(l))
             .map(str::to_string)
             .collect()
     }
+}
+
+/// Whether a log line shows an RBAC refusal: the words, or 403 as a number of its own (a
+/// debug line's `tv_sec: 40368` is not one).
+fn shows_refusal(line: &str) -> bool {
+    let l = line.to_ascii_lowercase();
+    l.contains("forbidden")
+        || l.contains("unauthorized")
+        || l.split(|c: char| !c.is_ascii_alphanumeric())
+            .any(|word| word == "403")
 }
 
 impl Drop for Running {
@@ -345,4 +352,23 @@ pub async fn start_agent(
         opts.flags,
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shows_refusal;
+
+    #[test]
+    fn a_refusal_is_a_word_or_the_status_code_alone() {
+        assert!(shows_refusal("ApiError: pods is forbidden: User ..."));
+        assert!(shows_refusal("status: 403, reason: Forbidden"));
+        assert!(shows_refusal("HTTP 403 on PATCH"));
+        assert!(shows_refusal("error: Unauthorized"));
+        // The line that failed CI once: a backoff deadline whose seconds begin with 403.
+        assert!(!shows_refusal(
+            "DEBUG kube_runtime::utils::stream_backoff: Error received, backing off \
+             deadline=Instant { tv_sec: 40368, tv_nsec: 416300395 } duration=1.559386837s"
+        ));
+        assert!(!shows_refusal("took 4031 ms"));
+    }
 }
