@@ -44,6 +44,7 @@ use crate::schema::{
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::helm::fleet_only_helm_fields)]
 pub struct BundleSpec {
     /// Which clusters receive this Bundle. Each cluster is matched by the first target that selects it; a cluster no target selects gets nothing.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

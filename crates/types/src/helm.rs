@@ -11,7 +11,44 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::schema::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN};
+use crate::schema::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, Unsupported, refuse_fields};
+
+pub(crate) const RELEASE: &str =
+    "tender renders with helm template and applies the objects itself; there is no Helm release";
+
+/// Fleet's `helm` options that describe a Helm release, refused with the reason.
+const FLEET_ONLY_HELM: &[Unsupported] = &[
+    Unsupported::present("templateValues", "object", "values are never templated"),
+    Unsupported::present(
+        "valuesFiles",
+        "string-array",
+        "GitOps-only: use values or valuesFrom",
+    ),
+    Unsupported::when_true("force", RELEASE),
+    Unsupported::when_true("atomic", RELEASE),
+    Unsupported::when_true("waitForJobs", RELEASE),
+    Unsupported::present("maxHistory", "integer", RELEASE),
+    Unsupported::when_false(
+        "disablePreProcess",
+        "values are never pre-processed as templates (as if true)",
+    ),
+    Unsupported::when_false("disableDNS", "templates never resolve DNS (as if true)"),
+    Unsupported::when_true(
+        "skipSchemaValidation",
+        "values are always checked against the chart's values.schema.json",
+    ),
+];
+
+/// Declares Fleet's release-only `helm` options on the `helm` property of a spec (`spec.helm`
+/// of a Bundle or HelmOp) with CEL rules refusing them: structural pruning would otherwise drop
+/// them silently and a Fleet user would believe `atomic: true` took effect.
+pub(crate) fn fleet_only_helm_fields(spec: &mut Schema) {
+    if let Some(helm) = spec.get_mut("properties").and_then(|p| p.get_mut("helm")) {
+        let mut s = Schema::try_from(helm.take()).expect("helm is an object schema");
+        refuse_fields(&mut s, "spec.helm", FLEET_ONLY_HELM);
+        *helm = s.to_value();
+    }
+}
 
 /// A Helm chart to render downstream; the rendered objects are deployed like `resources`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

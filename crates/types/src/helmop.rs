@@ -10,7 +10,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::bundle::{BundleDisplay, BundleSpec, BundleSummary, BundleTarget, CorrectDrift};
-use crate::helm::HelmOptions;
+use crate::helm::{HelmOptions, RELEASE, fleet_only_helm_fields};
 use crate::schema::{
     DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, Unsupported, conditions_list_map, kind_name_list_map,
     refuse_fields,
@@ -213,9 +213,6 @@ fn bundle_labels_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-const RELEASE: &str =
-    "tender renders with helm template and applies the objects itself; there is no Helm release";
-
 /// Fleet's HelmOp fields tender does not implement, refused at admission with the reason.
 /// Structural pruning would otherwise drop them silently.
 const FLEET_ONLY_SPEC: &[Unsupported] = &[
@@ -281,29 +278,6 @@ const FLEET_ONLY_SPEC: &[Unsupported] = &[
     Unsupported::present("yaml", "object", "GitOps-only"),
     Unsupported::present("kustomize", "object", "GitOps-only"),
     Unsupported::present("resources", "array", "inline manifests go in a Bundle"),
-];
-
-/// Fleet's `helm` options that describe a Helm release, refused with the reason.
-const FLEET_ONLY_HELM: &[Unsupported] = &[
-    Unsupported::present("templateValues", "object", "values are never templated"),
-    Unsupported::present(
-        "valuesFiles",
-        "string-array",
-        "GitOps-only: use values or valuesFrom",
-    ),
-    Unsupported::when_true("force", RELEASE),
-    Unsupported::when_true("atomic", RELEASE),
-    Unsupported::when_true("waitForJobs", RELEASE),
-    Unsupported::present("maxHistory", "integer", RELEASE),
-    Unsupported::when_false(
-        "disablePreProcess",
-        "values are never pre-processed as templates (as if true)",
-    ),
-    Unsupported::when_false("disableDNS", "templates never resolve DNS (as if true)"),
-    Unsupported::when_true(
-        "skipSchemaValidation",
-        "values are always checked against the chart's values.schema.json",
-    ),
 ];
 
 /// Fleet's per-target options tender does not implement.
@@ -377,11 +351,7 @@ const FLEET_ONLY_CORRECT_DRIFT: &[Unsupported] = &[
 
 fn fleet_only_spec_fields(schema: &mut Schema) {
     refuse_fields(schema, "spec", FLEET_ONLY_SPEC);
-    if let Some(helm) = schema.get_mut("properties").and_then(|p| p.get_mut("helm")) {
-        let mut s = Schema::try_from(helm.take()).expect("helm is an object schema");
-        refuse_fields(&mut s, "spec.helm", FLEET_ONLY_HELM);
-        *helm = s.to_value();
-    }
+    fleet_only_helm_fields(schema);
 }
 
 fn fleet_only_target_fields(schema: &mut Schema) {
