@@ -64,6 +64,22 @@ mod status_moves;
 
 use baseline::Baseline;
 
+// `--features jemalloc|mimalloc` measures the hub under another global allocator (the shipped
+// binaries use the system one; docs/benchmarks.md "Allocator").
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+const ALLOCATOR: &str = if cfg!(feature = "jemalloc") {
+    "jemalloc"
+} else if cfg!(feature = "mimalloc") {
+    "mimalloc"
+} else {
+    "system"
+};
+
 const WORKSPACE: &str = "bench";
 const BUNDLE: &str = "app";
 
@@ -253,6 +269,30 @@ struct ReplicaCache {
     bytes: usize,
 }
 
+/// Lists `lp` 500 at a time and sums `bytes` over the items: (items, bytes).
+async fn each_page<T, F, Fut>(
+    lp: &ListParams,
+    mut list: F,
+    bytes: impl Fn(&T) -> usize,
+) -> Result<(usize, usize)>
+where
+    T: Clone + DeserializeOwned,
+    F: FnMut(ListParams) -> Fut,
+    Fut: std::future::Future<Output = kube::Result<kube::api::ObjectList<T>>>,
+{
+    let mut page = lp.clone().limit(500);
+    let (mut items, mut total) = (0, 0);
+    loop {
+        let list = list(page.clone()).await?;
+        items += list.items.len();
+        total += list.items.iter().map(&bytes).sum::<usize>();
+        match list.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => page = page.continue_token(&token),
+            None => return Ok((items, total)),
+        }
+    }
+}
+
 async fn replica_caches(admin: &kube::Client, k: usize, n: usize) -> Result<Vec<ReplicaCache>> {
     let mut out = Vec::new();
     for i in 0..k {
@@ -268,35 +308,59 @@ async fn replica_caches(admin: &kube::Client, k: usize, n: usize) -> Result<Vec<
             m.managed_fields = None;
             m
         };
-        let bds = Api::<BundleDeployment>::all(admin.clone())
-            .list(&lp)
-            .await?;
-        let secrets = Api::<Secret>::all(admin.clone())
-            .list_metadata(&copies)
-            .await?;
-        let cms = Api::<ConfigMap>::all(admin.clone())
-            .list_metadata(&copies)
-            .await?;
-        let nss = Api::<Namespace>::all(admin.clone())
-            .list_metadata(&lp)
-            .await?;
-        let mut bytes = 0;
-        for mut bd in bds.items.iter().cloned() {
-            bd.metadata = strip(bd.metadata);
-            bytes += size(serde_json::to_value(&bd)?);
-        }
-        let metas = (secrets.items.iter().map(|o| &o.metadata))
-            .chain(cms.items.iter().map(|o| &o.metadata))
-            .chain(nss.items.iter().map(|o| &o.metadata));
-        for m in metas {
-            bytes += size(serde_json::to_value(strip(m.clone()))?);
-        }
+        // Page by page, so the bench's own peak memory (VmHWM, reported as the hub's) does not
+        // hold 10 000 BundleDeployments and 20 000 copies at once.
+        let bds = Api::<BundleDeployment>::all(admin.clone());
+        let (n_bds, bd_bytes) = each_page(
+            &lp,
+            |lp| {
+                let api = bds.clone();
+                async move { api.list(&lp).await }
+            },
+            |bd: &BundleDeployment| {
+                let mut bd = bd.clone();
+                bd.metadata = strip(bd.metadata);
+                serde_json::to_value(&bd).map_or(0, size)
+            },
+        )
+        .await?;
+        let secrets = Api::<Secret>::all(admin.clone());
+        let cms = Api::<ConfigMap>::all(admin.clone());
+        let nss = Api::<Namespace>::all(admin.clone());
+        let (n_secrets, secret_bytes) = each_page(
+            &copies,
+            |lp| {
+                let api = secrets.clone();
+                async move { api.list_metadata(&lp).await }
+            },
+            |o| size(serde_json::to_value(strip(o.metadata.clone())).unwrap_or_default()),
+        )
+        .await?;
+        let (n_cms, cm_bytes) = each_page(
+            &copies,
+            |lp| {
+                let api = cms.clone();
+                async move { api.list_metadata(&lp).await }
+            },
+            |o| size(serde_json::to_value(strip(o.metadata.clone())).unwrap_or_default()),
+        )
+        .await?;
+        let (n_nss, ns_bytes) = each_page(
+            &lp,
+            |lp| {
+                let api = nss.clone();
+                async move { api.list_metadata(&lp).await }
+            },
+            |o| size(serde_json::to_value(strip(o.metadata.clone())).unwrap_or_default()),
+        )
+        .await?;
+        let bytes = bd_bytes + secret_bytes + cm_bytes + ns_bytes;
         out.push(ReplicaCache {
             shard,
             clusters: (0..n).filter(|c| c % k == i).count(),
-            bundle_deployments: bds.items.len(),
-            copies: secrets.items.len() + cms.items.len(),
-            namespaces: nss.items.len(),
+            bundle_deployments: n_bds,
+            copies: n_secrets + n_cms,
+            namespaces: n_nss,
             bytes,
         });
     }
@@ -982,6 +1046,7 @@ fn run_json(args: &[String]) -> serde_json::Value {
         "loadavg_at_end": loadavg.trim(),
         "kubernetes": tender_e2e::KUBERNETES_VERSION,
         "release_build": !cfg!(debug_assertions),
+        "allocator": ALLOCATOR,
     })
 }
 
