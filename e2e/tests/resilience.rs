@@ -1,5 +1,6 @@
-//! Resilience end to end: the hub taken away from an agent (cut connections, then 403s), a
-//! copy deleted by hand on the hub, and hub leader election with two replicas.
+//! Resilience end to end: the hub taken away from an agent (cut connections, then 403s, then
+//! writes left unanswered), a copy deleted by hand on the hub, and hub leader election with two
+//! replicas.
 //!
 //! A real hub apiserver and a real downstream cluster; hubs and agents run in-process. An
 //! outage is made with an in-process TCP proxy ([`tender_e2e::proxy::TcpProxy`]) between one
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::rbac::v1::RoleBinding;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 use tender_e2e::agent_harness::{AgentHandle, start_agent};
@@ -20,7 +22,7 @@ use tender_e2e::fixture::{
     WAIT, Workspace, app_bundle, secret_value, snapshot, stays, wait_secret,
 };
 use tender_e2e::hub_harness::{HubHandle, hub_config, spawn_hub};
-use tender_e2e::proxy::{TcpProxy, http_status};
+use tender_e2e::proxy::{TcpProxy, WriteGate, http_status};
 use tender_e2e::{
     ADMIN_USER, HUB, client_from_yaml, downstream_name, eventually, shared_env, unique_name,
 };
@@ -369,6 +371,83 @@ async fn hub_forbidding_the_agent_deletes_nothing_and_it_resumes_when_allowed_ag
         "[{}] RBAC restored: status applied in {:?}",
         ws.ns,
         restored_at.elapsed()
+    );
+    kill(agent).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2b. The hub not answering the agent's writes.
+
+/// The renewal time of the agent Lease in `leases`' namespace, if it was ever renewed.
+async fn renewed_at(leases: &Api<Lease>) -> Option<MicroTime> {
+    leases
+        .get_opt(names::AGENT_LEASE)
+        .await
+        .unwrap()
+        .and_then(|l| l.spec?.renew_time)
+}
+
+/// The hub apiserver stops answering the agent's writes (a gate holds them; reads pass): each
+/// heartbeat write is given up after a third of the interval and tried again after 2 s, so the
+/// agent keeps trying instead of waiting on one request until kube's 295 s read timeout, and
+/// its Lease is renewed within seconds once writes flow again (decision 65).
+#[tokio::test]
+async fn a_hanging_heartbeat_write_is_given_up_and_the_lease_renewed_once_writes_flow() {
+    let ws = Workspace::new(shared_env(1).await, "res-hang").await;
+    let (kubeconfig, mut config) = ws.register("east").await;
+    // Each attempt bounded to 1 s; after a failure the next comes after 2 s, then 3 s.
+    config.heartbeat_interval = Duration::from_secs(3);
+    let hub = ws.env.cluster(HUB).server.clone();
+    // The gate forwards with the agent's own hub identity, so RBAC is the agent's.
+    let gate = WriteGate::start(client_from_yaml(&kubeconfig).await.unwrap())
+        .await
+        .unwrap();
+    let through = gate.rewrite_kubeconfig(&kubeconfig, &hub);
+    let agent = start_agent(ws.env, &through, &downstream_name(1), config)
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(ws.hub.clone(), &ws.cluster_ns("east"));
+    let first = eventually("a Lease renewal through the gate", WAIT, || async {
+        Ok::<_, std::convert::Infallible>(renewed_at(&leases).await.map(Some))
+    })
+    .await;
+    assert!(gate.forwarded_writes() > 0, "renewals pass the gate");
+
+    // Hold every write for 16 s: with the bound the agent gives each one up and tries again
+    // (4 attempts: ~1 s held + 2 s, ~1 s + 3 s, …; 3 asked, for slack under load); without it
+    // the first held renewal would block the heartbeat for the whole window.
+    let (held_before, errors_before) = (gate.held_total(), lease_errors(&agent));
+    gate.hold_writes_after(0);
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    let held = gate.held_total() - held_before;
+    let errors = lease_errors(&agent) - errors_before;
+    let stuck = renewed_at(&leases).await;
+    assert!(
+        held >= 3 && errors >= 3,
+        "in 16 s of held writes the agent made {held} write attempts ({errors} Lease renewals \
+         given up); a bounded heartbeat retries every few seconds"
+    );
+    assert!(!agent.is_finished(), "the agent keeps running");
+
+    // The network eats what was held and writes flow again: the next renewal lands within a
+    // retry (≤ 3 s) plus its own time, not after an interval of waiting on a dead request.
+    gate.discard_held();
+    let open_at = Instant::now();
+    let renewed = eventually("a Lease renewal after writes flow again", WAIT, || async {
+        let now = renewed_at(&leases).await;
+        Ok::<_, std::convert::Infallible>((now > stuck).then_some(now))
+    })
+    .await;
+    let after = open_at.elapsed();
+    assert!(
+        after < Duration::from_secs(8),
+        "the Lease was renewed {after:?} after writes flowed again"
+    );
+    eprintln!(
+        "[{}] hub writes held 16 s: {held} attempts, {errors} renewals given up; Lease renewed \
+         {:.1} s after writes flowed again ({first:?} → {renewed:?})",
+        ws.ns,
+        after.as_secs_f64()
     );
     kill(agent).await;
 }
