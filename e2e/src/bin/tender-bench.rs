@@ -293,6 +293,28 @@ where
     }
 }
 
+/// [`each_page`] over the metadata of every `K` matching `lp`: (items, JSON bytes of their
+/// metadata without `managedFields`).
+async fn metadata_pages<K>(admin: &kube::Client, lp: &ListParams) -> Result<(usize, usize)>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+{
+    let api = Api::<K>::all(admin.clone());
+    each_page(
+        lp,
+        |lp| {
+            let api = api.clone();
+            async move { api.list_metadata(&lp).await }
+        },
+        |o: &PartialObjectMeta<K>| {
+            let mut meta = o.metadata.clone();
+            meta.managed_fields = None;
+            serde_json::to_vec(&meta).map_or(0, |b| b.len())
+        },
+    )
+    .await
+}
+
 async fn replica_caches(admin: &kube::Client, k: usize, n: usize) -> Result<Vec<ReplicaCache>> {
     let mut out = Vec::new();
     for i in 0..k {
@@ -324,36 +346,9 @@ async fn replica_caches(admin: &kube::Client, k: usize, n: usize) -> Result<Vec<
             },
         )
         .await?;
-        let secrets = Api::<Secret>::all(admin.clone());
-        let cms = Api::<ConfigMap>::all(admin.clone());
-        let nss = Api::<Namespace>::all(admin.clone());
-        let (n_secrets, secret_bytes) = each_page(
-            &copies,
-            |lp| {
-                let api = secrets.clone();
-                async move { api.list_metadata(&lp).await }
-            },
-            |o| size(serde_json::to_value(strip(o.metadata.clone())).unwrap_or_default()),
-        )
-        .await?;
-        let (n_cms, cm_bytes) = each_page(
-            &copies,
-            |lp| {
-                let api = cms.clone();
-                async move { api.list_metadata(&lp).await }
-            },
-            |o| size(serde_json::to_value(strip(o.metadata.clone())).unwrap_or_default()),
-        )
-        .await?;
-        let (n_nss, ns_bytes) = each_page(
-            &lp,
-            |lp| {
-                let api = nss.clone();
-                async move { api.list_metadata(&lp).await }
-            },
-            |o| size(serde_json::to_value(strip(o.metadata.clone())).unwrap_or_default()),
-        )
-        .await?;
+        let (n_secrets, secret_bytes) = metadata_pages::<Secret>(admin, &copies).await?;
+        let (n_cms, cm_bytes) = metadata_pages::<ConfigMap>(admin, &copies).await?;
+        let (n_nss, ns_bytes) = metadata_pages::<Namespace>(admin, &lp).await?;
         let bytes = bd_bytes + secret_bytes + cm_bytes + ns_bytes;
         out.push(ReplicaCache {
             shard,
