@@ -15,8 +15,10 @@ use serde_json::{Value, json};
 use tender_e2e::fixture::{
     self, WAIT, Workspace, bytes, create_namespace, secret_value, settled, stays, wait_secret,
 };
+use tender_e2e::hub_harness::{hub_config, spawn_hub};
 use tender_e2e::proxy::WriteGate;
-use tender_e2e::{HUB, downstream_name, eventually, shared_env, unique_name};
+use tender_e2e::{ADMIN_USER, HUB, downstream_name, eventually, shared_env, unique_name};
+use tender_hub::HubConfig;
 use tender_types::ObjectState;
 use tender_types::conditions::{TYPE_READY, find_condition, is_true};
 use tender_types::{Cluster, labels, names};
@@ -1138,4 +1140,118 @@ async fn notable_transitions_are_events_on_the_bundle_deployment() {
         || async { (reasons().await.unwrap().len(), event_writes()) },
     )
     .await;
+}
+
+/// A rotation writes each copy before the BundleDeployment that names its new hash, so an
+/// agent reconciling between the two writes finds the copy ahead of its deployment and waits
+/// for the BundleDeployment; it never reports the copy `Missing` (CopyFailed, Ready=False) on
+/// the way. The hub's writes pass a gate that holds them from the rotation on: the first held
+/// write must be the copy, and while it is held nothing else of the cluster is written.
+#[tokio::test]
+async fn a_rotation_writes_the_copy_before_the_bundle_deployment_naming_it() {
+    let env = shared_env(2).await;
+    let ws = Workspace::without_hub(env, "agent-order").await;
+    let gate = WriteGate::start(env.client(HUB).await.unwrap())
+        .await
+        .unwrap();
+    let server = env.cluster(HUB).server.clone();
+    let through = gate.rewrite_kubeconfig(&env.kubeconfig_as(HUB, ADMIN_USER), &server);
+    let config = HubConfig {
+        leader_election: None,
+        ..hub_config(&ws.ns)
+    };
+    let hub = spawn_hub(&through, config).await.unwrap();
+    hub.wait_ready(WAIT).await;
+    let _east = ws.agent("east", &downstream_name(1)).await;
+    ws.source_secret("db-creds", &[("password", "one")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("order");
+    ws.bundle("app", fixture::app_bundle(&["east"], &target))
+        .await;
+    let before = ws.ready("east", "app").await;
+    // The hub's writes after the first deployment (summaries) pass before the gate is armed.
+    settled(
+        "the hub's writes through the gate",
+        Duration::from_secs(6),
+        || {
+            let n = gate.forwarded_writes();
+            async move { n }
+        },
+    )
+    .await;
+
+    gate.hold_writes_after(0);
+    ws.source_secret("db-creds", &[("password", "two")]).await;
+    let cluster_ns = ws.cluster_ns("east");
+    let held = eventually("the rotation's first hub write held", WAIT, || {
+        let holding = gate.holding();
+        let ns = cluster_ns.clone();
+        async move {
+            let ours: Vec<String> = holding.into_iter().filter(|w| w.contains(&ns)).collect();
+            Ok::<_, std::convert::Infallible>((!ours.is_empty()).then_some(ours))
+        }
+    })
+    .await;
+    // While the copy is held, the hub writes nothing else for the cluster: the
+    // BundleDeployment naming the new hash waits for its copy.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let holding: Vec<String> = gate
+        .holding()
+        .into_iter()
+        .filter(|w| w.contains(&cluster_ns))
+        .collect();
+    assert!(
+        held[0].contains("/secrets/") && holding.iter().all(|w| !w.contains("bundledeployments")),
+        "the rotation's first write is the copy and its BundleDeployment waits for it; held: {holding:?}"
+    );
+    let bd = ws.bds("east").get("app").await.unwrap();
+    assert_eq!(
+        bd.spec.deployment_id, before.spec.deployment_id,
+        "the BundleDeployment is not rewritten before its copy"
+    );
+
+    // Released: the rotation completes, and the agent never reported the copy missing.
+    gate.release();
+    let bds = ws.bds("east");
+    let mut seen = Vec::new();
+    let started = Instant::now();
+    let after = loop {
+        let bd = bds.get("app").await.unwrap();
+        if let Some(s) = &bd.status {
+            for c in &s.conditions {
+                if c.status != "True" {
+                    seen.push(format!("{} {} {}", c.type_, c.reason, c.message));
+                }
+            }
+        }
+        let applied = bd
+            .status
+            .as_ref()
+            .and_then(|s| s.applied_deployment_id.clone());
+        if bd.spec.deployment_id != before.spec.deployment_id
+            && applied.as_deref() == Some(bd.spec.deployment_id.as_str())
+        {
+            break bd;
+        }
+        assert!(started.elapsed() < WAIT, "the rotation did not complete");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        seen.is_empty(),
+        "a condition went False during the rotation: {seen:?}"
+    );
+    let down = ws.downstream(&downstream_name(1)).await;
+    wait_secret(
+        &down,
+        &target,
+        "db-creds",
+        "the rotated copy downstream",
+        |s| secret_value(s, "password").as_deref() == Some("two"),
+    )
+    .await;
+    eprintln!(
+        "[{}] rotation: first hub write held {:?}; deployment {} applied, no condition False",
+        ws.ns, held[0], after.spec.deployment_id
+    );
 }

@@ -25,7 +25,7 @@ use tender_types::{
 };
 use tokio::task::JoinHandle;
 
-use crate::status_moves::{LeaseGaps, StatusMoves};
+use crate::status_moves::{self, LeaseGaps, StatusMoves};
 use crate::{
     Args, BUNDLE, Pids, WORKSPACE, config_map, cpu_now, mem_mb, own_rss_mb, secret, wait_all,
 };
@@ -550,6 +550,10 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     let per_rotation = Duration::from_secs(120);
     let mut tender_lat = Vec::new();
     let mut tender_missing = 0;
+    // What each BundleDeployment status write of the rotations moved, to name the writes
+    // beyond one per cluster and rotation.
+    let bd_moves = StatusMoves::watch_bundle_deployments(Api::all(admin.clone()));
+    bd_moves.until_ready().await;
     let (hub_before, agents_before) = (hub_requests(), agent_requests());
     let before = cpu_now(&pids);
     let t_all = Instant::now();
@@ -580,6 +584,18 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         "  requests over the rotations, all agents (hub and downstream): {}",
         fmt(&agents_delta)
     );
+    // The last status writes of the last rotation may land after its copies were seen.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let bd_shapes = status_moves::shapes(&bd_moves.finish());
+    let bd_total: usize = bd_shapes.iter().map(|(k, _, _)| k).sum();
+    println!(
+        "  BundleDeployment status changes over the rotations: {bd_total} ({:.2} per cluster and rotation), by the fields they moved:",
+        bd_total as f64 / (n as f64 * f64::from(args.rotations.max(1)))
+    );
+    for (k, shape, example) in bd_shapes.iter().take(6) {
+        let example: String = example.chars().take(600).collect();
+        println!("    {k:>6} × {shape}\n           e.g. {example}");
+    }
     let p = percentiles(tender_lat);
     println!(
         "  {} rotations through tender in {:.1} s, hub apiserver CPU {tender_cpu:.1} s, {tender_missing} copies missed",
@@ -591,7 +607,10 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         "tender".into(),
         json!({"rotations": args.rotations, "latency": p, "missing": tender_missing,
                "hub_apiserver_cpu_s": tender_cpu, "bench_cpu_s": after[0] - before[0],
-               "hub_requests": hub_delta, "agent_requests": agents_delta}),
+               "hub_requests": hub_delta, "agent_requests": agents_delta,
+               "bundle_deployment_status_changes": bd_shapes.iter().take(10)
+                   .map(|(k, shape, _)| json!({"count": k, "fields": shape}))
+                   .collect::<Vec<_>>()}),
     );
 
     // The relay, same run, same clusters.

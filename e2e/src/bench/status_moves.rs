@@ -8,8 +8,10 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::watcher;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tender_types::Cluster;
+use std::fmt::Debug;
+use tender_types::{BundleDeployment, Cluster};
 use tokio::task::JoinHandle;
 
 /// The leaf paths where `old` and `new` differ, as `path: old -> new`. Arrays of objects with
@@ -58,6 +60,39 @@ fn typed(v: &[Value]) -> bool {
             .all(|c| c.get("type").is_some_and(Value::is_string))
 }
 
+/// `namespace/name` of a watched object.
+fn key<K: kube::Resource>(k: &K) -> String {
+    let m = k.meta();
+    format!(
+        "{}/{}",
+        m.namespace.as_deref().unwrap_or(""),
+        m.name.as_deref().unwrap_or("")
+    )
+}
+
+/// How many status changes moved each set of fields (values and condition times left out),
+/// most frequent first, with one full example each: what the writes beyond one per rotation
+/// changed.
+pub(crate) fn shapes(moves: &[String]) -> Vec<(usize, String, String)> {
+    let mut by_shape: BTreeMap<String, (usize, String)> = BTreeMap::new();
+    for m in moves {
+        let fields = m.split_once(": ").map_or(m.as_str(), |(_, f)| f);
+        let paths: BTreeSet<&str> = fields
+            .split("; ")
+            .map(|d| d.split_once(": ").map_or(d, |(path, _)| path))
+            .collect();
+        let shape = paths.into_iter().collect::<Vec<_>>().join(", ");
+        let entry = by_shape.entry(shape).or_insert((0, m.clone()));
+        entry.0 += 1;
+    }
+    let mut out: Vec<_> = by_shape
+        .into_iter()
+        .map(|(shape, (n, example))| (n, shape, example))
+        .collect();
+    out.sort_by_key(|b| std::cmp::Reverse(b.0));
+    out
+}
+
 /// A Cluster's status as the hub owns it (the agent's `status.agent` left out).
 fn hub_status(c: &Cluster) -> Value {
     let mut v = serde_json::to_value(&c.status).unwrap_or(Value::Null);
@@ -77,6 +112,22 @@ pub(crate) struct StatusMoves {
 
 impl StatusMoves {
     pub(crate) fn watch(api: Api<Cluster>) -> Self {
+        Self::watch_status(api, hub_status)
+    }
+
+    /// The status moves of every BundleDeployment `api` sees (written by the agents; it holds
+    /// object states and ids, no Secret data).
+    pub(crate) fn watch_bundle_deployments(api: Api<BundleDeployment>) -> Self {
+        Self::watch_status(api, |bd: &BundleDeployment| {
+            serde_json::to_value(&bd.status).unwrap_or(Value::Null)
+        })
+    }
+
+    fn watch_status<K>(api: Api<K>, status: fn(&K) -> Value) -> Self
+    where
+        K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+        K::DynamicType: Default,
+    {
         let moves: Arc<Mutex<Vec<String>>> = Arc::default();
         let ready: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let (m, r) = (moves.clone(), ready.clone());
@@ -86,14 +137,14 @@ impl StatusMoves {
             while let Some(event) = events.next().await {
                 match event {
                     Ok(watcher::Event::InitApply(c)) => {
-                        last.insert(c.metadata.name.clone().unwrap_or_default(), hub_status(&c));
+                        last.insert(key(&c), status(&c));
                     }
                     Ok(watcher::Event::InitDone) => {
                         r.store(true, std::sync::atomic::Ordering::SeqCst);
                     }
                     Ok(watcher::Event::Apply(c)) => {
-                        let name = c.metadata.name.clone().unwrap_or_default();
-                        let now = hub_status(&c);
+                        let name = key(&c);
+                        let now = status(&c);
                         let mut diff = Vec::new();
                         if let Some(old) = last.get(&name) {
                             json_diff(old, &now, "status", &mut diff);
@@ -193,6 +244,24 @@ impl LeaseGaps {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn shapes_count_the_fields_moved_without_their_values() {
+        let moves = [
+            "ns/a: status.x: 1 -> 2; status.y: \"p\" -> \"q\"".to_string(),
+            "ns/b: status.y: \"q\" -> \"r\"; status.x: 2 -> 3".to_string(),
+            "ns/c: status.z: null -> true".to_string(),
+        ];
+        let shapes = shapes(&moves);
+        assert_eq!(
+            shapes
+                .iter()
+                .map(|(n, s, _)| (*n, s.as_str()))
+                .collect::<Vec<_>>(),
+            [(2, "status.x, status.y"), (1, "status.z")]
+        );
+        assert_eq!(shapes[0].2, moves[0], "the first change of a shape is its example");
+    }
 
     #[test]
     fn conditions_are_matched_by_type_and_only_moved_leaves_are_named() {
