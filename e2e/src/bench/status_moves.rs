@@ -260,7 +260,10 @@ mod tests {
                 .collect::<Vec<_>>(),
             [(2, "status.x, status.y"), (1, "status.z")]
         );
-        assert_eq!(shapes[0].2, moves[0], "the first change of a shape is its example");
+        assert_eq!(
+            shapes[0].2, moves[0],
+            "the first change of a shape is its example"
+        );
     }
 
     #[test]
