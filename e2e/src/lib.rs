@@ -17,7 +17,7 @@ pub use env::{
     client_from_yaml, down, downstream_name, kubeconfig_yaml,
 };
 pub use process::Process;
-pub use wait::{eventually, unique_name};
+pub use wait::{eventually, unique_name, within};
 
 use tokio::sync::OnceCell;
 

@@ -25,6 +25,26 @@ where
     }
 }
 
+/// Polls `check` every 200 ms until it is true (then true) or `timeout` has passed (then
+/// false): a window that ends early once what it waits for has happened, for a test that
+/// asserts on what it counted in the window rather than on the wait.
+pub async fn within<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A name unique within this process run, for per-test namespaces and objects.
 pub fn unique_name(prefix: &str) -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1195,7 +1195,17 @@ async fn a_rotation_writes_the_copy_before_the_bundle_deployment_naming_it() {
     .await;
     // While the copy is held, the hub writes nothing else for the cluster: the
     // BundleDeployment naming the new hash waits for its copy.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    stays(
+        "no BundleDeployment write while its copy is held",
+        Duration::from_secs(3),
+        &false,
+        || async {
+            gate.holding()
+                .iter()
+                .any(|w| w.contains(&cluster_ns) && w.contains("bundledeployments"))
+        },
+    )
+    .await;
     let holding: Vec<String> = gate
         .holding()
         .into_iter()
@@ -1214,29 +1224,24 @@ async fn a_rotation_writes_the_copy_before_the_bundle_deployment_naming_it() {
     // Released: the rotation completes, and the agent never reported the copy missing.
     gate.release();
     let bds = ws.bds("east");
-    let mut seen = Vec::new();
-    let started = Instant::now();
-    let after = loop {
-        let bd = bds.get("app").await.unwrap();
-        if let Some(s) = &bd.status {
-            for c in &s.conditions {
-                if c.status != "True" {
-                    seen.push(format!("{} {} {}", c.type_, c.reason, c.message));
-                }
+    // Every condition not True seen on the way, at each poll until the rotation is applied.
+    let seen = std::sync::Mutex::new(Vec::new());
+    let after = eventually("the rotation applied", WAIT, || async {
+        let bd = bds.get("app").await?;
+        let status = bd.status.as_ref();
+        for c in status.map(|s| s.conditions.as_slice()).unwrap_or_default() {
+            if c.status != "True" {
+                let what = format!("{} {} {}", c.type_, c.reason, c.message);
+                seen.lock().unwrap().push(what);
             }
         }
-        let applied = bd
-            .status
-            .as_ref()
-            .and_then(|s| s.applied_deployment_id.clone());
-        if bd.spec.deployment_id != before.spec.deployment_id
-            && applied.as_deref() == Some(bd.spec.deployment_id.as_str())
-        {
-            break bd;
-        }
-        assert!(started.elapsed() < WAIT, "the rotation did not complete");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        let applied = status.and_then(|s| s.applied_deployment_id.as_deref());
+        let done = bd.spec.deployment_id != before.spec.deployment_id
+            && applied == Some(bd.spec.deployment_id.as_str());
+        Ok::<_, kube::Error>(done.then_some(bd))
+    })
+    .await;
+    let seen = seen.into_inner().unwrap();
     assert!(
         seen.is_empty(),
         "a condition went False during the rotation: {seen:?}"

@@ -389,7 +389,7 @@ async fn write_cluster(
         shard,
     );
     drop(spec);
-    let live_uid = live.and_then(|bd| bd.uid());
+    // The uid the copies were written with before the BundleDeployment, if they were.
     let mut copies_for = None;
     let uid = match step {
         DeploymentStep::Hold => return Ok(writes),
@@ -398,9 +398,9 @@ async fn write_cluster(
             uid
         }
         DeploymentStep::Write(op) => {
-            if let Some(uid) = &live_uid {
-                writes.copies += write_copies(ctx, bundle, desired, uid, fetched).await?;
-                copies_for = live_uid.clone();
+            if let Some(uid) = live.and_then(|bd| bd.uid()) {
+                writes.copies += write_copies(ctx, bundle, desired, &uid, fetched).await?;
+                copies_for = Some(uid);
             }
             let outcome = match ctx.exec.execute(*op).await {
                 // Reported on the Bundle (`TooLarge`); retrying cannot help until it changes.
