@@ -24,7 +24,7 @@ use crate::{Error, Result};
 pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
     let owner = Owner::new(&ctx.config.cluster_namespace, &bd.name_any());
     // Without an inventory (never deployed by this agent version) fall back to the status.
-    let Recorded { uid, objects } = match ctx.inventory.read(&owner).await? {
+    let Recorded { uid, objects } = match ctx.read_inventory(&owner).await? {
         Some(recorded) => recorded,
         None => Recorded {
             uid: None,

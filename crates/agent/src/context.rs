@@ -20,7 +20,8 @@ use crate::config::AgentConfig;
 use crate::copies::HubCopies;
 use crate::downstream::Downstream;
 use crate::drift::DriftWatches;
-use crate::inventory::Inventory;
+use crate::inventory::{Inventory, Recorded};
+use crate::plan::Owner;
 
 /// Everything a reconcile needs, built once and shared by `Arc`.
 pub(crate) struct Context {
@@ -96,5 +97,14 @@ impl Context {
             retries: Mutex::new(HashMap::new()),
             copies_ahead: Mutex::new(HashMap::new()),
         }
+    }
+}
+
+impl Context {
+    /// The inventory of `owner`: from the cache of managed ConfigMaps when it holds the
+    /// version this agent last read or wrote, else from the apiserver.
+    pub(crate) async fn read_inventory(&self, owner: &Owner) -> crate::Result<Option<Recorded>> {
+        let cached = self.drift.cached(&self.inventory.key(owner));
+        self.inventory.read(owner, cached).await
     }
 }

@@ -151,7 +151,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         .collect();
 
     // Record what may be created before creating it, so a crash leaves nothing unknown.
-    let prev_inventory = ctx.inventory.read(&owner).await?.map(|r| r.objects);
+    let prev_inventory = ctx.read_inventory(&owner).await?.map(|r| r.objects);
     let recorded = plan::union(prev_inventory.as_deref().unwrap_or_default(), &desired_keys);
     ctx.inventory
         .write(&owner, prev_inventory.as_deref(), &recorded)

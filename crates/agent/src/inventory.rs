@@ -7,13 +7,12 @@
 //! and objects to look at; each object's own owner annotation is still checked before any
 //! delete.
 
-use std::collections::BTreeMap;
-
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::json;
 use tender_runtime::executor::Apply;
 use tender_runtime::{Executor, ObjectKey, Op};
@@ -91,11 +90,29 @@ pub(crate) struct Recorded {
     pub(crate) objects: Vec<ObjectRef>,
 }
 
-/// The inventories of one agent namespace: read through the client, written by the executor.
+/// The inventories of one agent namespace: read through the client, or from the cache of
+/// managed ConfigMaps when it holds the version this agent last read or wrote; written by the
+/// executor.
 pub(crate) struct Inventory {
     api: Api<ConfigMap>,
     agent_namespace: String,
     writer: Arc<Executor>,
+    /// resourceVersion of each inventory (by name) as this agent last read or wrote it.
+    seen: Mutex<HashMap<String, String>>,
+}
+
+/// The cached inventory, when it is the version this agent last read or wrote (`seen`). A
+/// cache behind our own last write, or showing a version we never saw, is not trusted: a
+/// stale inventory would leave an object it no longer lists unpruned.
+fn confirmed(seen: Option<&str>, cached: Option<&DynamicObject>) -> Option<ConfigMap> {
+    let cached = cached?;
+    let rv = cached.metadata.resource_version.as_deref()?;
+    if seen != Some(rv) {
+        return None;
+    }
+    serde_json::to_value(cached)
+        .ok()
+        .and_then(|v| serde_json::from_value(v).ok())
 }
 
 impl Inventory {
@@ -104,19 +121,53 @@ impl Inventory {
             api: Api::namespaced(client, agent_namespace),
             agent_namespace: agent_namespace.to_string(),
             writer,
+            seen: Mutex::new(HashMap::new()),
         }
     }
 
-    fn key(&self, owner: &Owner) -> ObjectKey {
+    pub(crate) fn key(&self, owner: &Owner) -> ObjectKey {
         ObjectKey::of::<ConfigMap>(Some(&self.agent_namespace), &name(owner))
     }
 
-    /// The recorded objects of `owner` (`None`: no inventory yet).
-    pub(crate) async fn read(&self, owner: &Owner) -> Result<Option<Recorded>> {
-        let cm =
-            self.api.get_opt(&name(owner)).await.map_err(|e| {
-                Error::kube(format!("read inventory {}", self.key(owner)), false, e)
-            })?;
+    /// Remembers `rv` as the version of inventory `name` this agent knows (`None`: unknown).
+    fn see(&self, name: String, rv: Option<String>) {
+        let mut seen = self.seen.lock().expect("inventory versions");
+        match rv {
+            Some(rv) => seen.insert(name, rv),
+            None => seen.remove(&name),
+        };
+    }
+
+    /// The recorded objects of `owner` (`None`: no inventory yet). `cached` is the inventory
+    /// as the cache of managed ConfigMaps holds it: used when it is the version this agent
+    /// last read or wrote (every reconcile reads the inventory; most find it unchanged),
+    /// else the apiserver is asked.
+    pub(crate) async fn read(
+        &self,
+        owner: &Owner,
+        cached: Option<Arc<DynamicObject>>,
+    ) -> Result<Option<Recorded>> {
+        let name = name(owner);
+        let seen = self
+            .seen
+            .lock()
+            .expect("inventory versions")
+            .get(&name)
+            .cloned();
+        let cm = match confirmed(seen.as_deref(), cached.as_deref()) {
+            Some(cm) => Some(cm),
+            None => {
+                let cm = self.api.get_opt(&name).await.map_err(|e| {
+                    Error::kube(format!("read inventory {}", self.key(owner)), false, e)
+                })?;
+                self.see(
+                    name,
+                    cm.as_ref()
+                        .and_then(|c| c.metadata.resource_version.clone()),
+                );
+                cm
+            }
+        };
         Ok(cm.as_ref().and_then(|cm| {
             let (o, objects) = parse(cm)?;
             (o == *owner).then(|| Recorded {
@@ -140,7 +191,14 @@ impl Inventory {
             current,
             objects,
         ) {
-            self.writer.execute(op).await?;
+            // Until the write is answered nothing is known of the version it makes.
+            self.see(name(owner), None);
+            let outcome = self.writer.execute(op).await?;
+            let rv = outcome
+                .object
+                .and_then(|o| o.metadata.resource_version)
+                .filter(|_| outcome.wrote);
+            self.see(name(owner), rv);
         }
         Ok(())
     }
@@ -148,6 +206,7 @@ impl Inventory {
     /// Deletes the inventory of `owner` (only incarnation `uid` when known).
     pub(crate) async fn delete(&self, owner: &Owner, uid: Option<String>) -> Result<()> {
         let key = self.key(owner);
+        self.see(name(owner), None);
         self.writer.execute(Op::Delete { key, uid }).await?;
         Ok(())
     }
@@ -238,5 +297,28 @@ mod tests {
         };
         assert_eq!(apply.body, body("tender-system", &owner, &objects));
         assert!(write(Some(&[])).is_some());
+    }
+
+    #[test]
+    fn the_cache_is_trusted_only_at_the_version_last_read_or_written() {
+        let owner = Owner::new("cluster-ws-a-11111111", "app");
+        let objects = vec![key("v1", "Secret", Some("apps"), "db")];
+        let at = |rv: &str| {
+            let mut o: DynamicObject =
+                serde_json::from_value(body("tender-system", &owner, &objects)).unwrap();
+            o.metadata.resource_version = Some(rv.into());
+            o
+        };
+        let cm = confirmed(Some("7"), Some(&at("7"))).expect("the version we know");
+        assert_eq!(parse(&cm), Some((owner.clone(), objects.clone())));
+        // Behind our own last write, or a version we never saw (somebody else wrote it):
+        // the apiserver is asked.
+        assert_eq!(confirmed(Some("8"), Some(&at("7"))), None);
+        assert_eq!(confirmed(None, Some(&at("7"))), None);
+        // Not cached (absent, or the cache not ready): asked too.
+        assert_eq!(confirmed(Some("7"), None), None);
+        let mut no_rv = at("7");
+        no_rv.metadata.resource_version = None;
+        assert_eq!(confirmed(None, Some(&no_rv)), None);
     }
 }

@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
+use kube::runtime::reflector::ObjectRef as KubeRef;
 use serde_json::Value;
 use tender_runtime::reconcile::{error_text, is_not_found};
 use tender_runtime::{ObjectKey, Op, ReconcileError};
@@ -120,12 +121,24 @@ fn action(op: &Op) -> &'static [&'static str] {
 /// Makes sure namespace `ns` exists downstream (and is not being deleted); `Err` is the message
 /// for the objects that would land in it.
 pub(crate) async fn ensure_namespace(ctx: &Context, ns: &str) -> Result<(), String> {
-    let api: Api<Namespace> = Api::all(ctx.down.client.clone());
-    match api.get_opt(ns).await {
-        Ok(Some(n)) if n.metadata.deletion_timestamp.is_some() => Err(format!(
+    let terminating = || {
+        Err(format!(
             "{}: namespace {ns} is being deleted downstream; its objects wait until it is gone",
             reason::NAMESPACE_TERMINATING
-        )),
+        ))
+    };
+    // The namespace cache follows every change downstream, so a namespace it holds needs no
+    // read (one per reconcile, most of them finding nothing to do). If it went a moment ago,
+    // the write into it fails and is retried. Only one the cache has not seen is read.
+    if let Some(cached) = ctx.namespaces.get(&KubeRef::new(ns)) {
+        return match cached.metadata.deletion_timestamp {
+            Some(_) => terminating(),
+            None => Ok(()),
+        };
+    }
+    let api: Api<Namespace> = Api::all(ctx.down.client.clone());
+    match api.get_opt(ns).await {
+        Ok(Some(n)) if n.metadata.deletion_timestamp.is_some() => terminating(),
         Ok(Some(_)) => Ok(()),
         Ok(None) => {
             ctx.metrics.written("apply", "Namespace");
