@@ -118,6 +118,19 @@ async fn copies_land_before_manifests_rotate_by_watch_and_go_with_the_bundle() {
         assert!(secret.metadata.creation_timestamp <= manifest.metadata.creation_timestamp);
     }
 
+    // What the agent reads downstream per reconcile: with the deployment in place, whether
+    // its namespace exists and what its inventory lists come from the agent's caches.
+    let reads = || {
+        let m = east.handle().metrics.shared();
+        m.kube_requests("get", "namespaces", "") + m.kube_requests("get", "configmaps", "")
+    };
+    let reads_before = settled(
+        "the agent's namespace and ConfigMap reads after the first deployment",
+        Duration::from_secs(3),
+        || async { reads() },
+    )
+    .await;
+
     // Rotation: only the source changes; both clusters get it by watch.
     let started = Instant::now();
     ws.source_secret("db-creds", &[("password", "two")]).await;
@@ -181,6 +194,12 @@ async fn copies_land_before_manifests_rotate_by_watch_and_go_with_the_bundle() {
     eprintln!(
         "idle 10s: 0 non-heartbeat writes, {heartbeats} heartbeat writes, {} total writes so far",
         east.handle().write_requests()
+    );
+    // The rotation's reconciles asked the apiserver for no namespace and no inventory.
+    assert_eq!(
+        reads(),
+        reads_before,
+        "namespace and ConfigMap reads downstream during the rotation"
     );
 
     // Deleting the Bundle removes everything downstream (keepResources false).

@@ -4,18 +4,12 @@ use std::process::Command;
 
 #[test]
 fn demo_copies_deploys_rotates_and_deploys_a_helm_chart() {
-    // Three consecutive free ports for the hub's and the agents' metrics servers.
-    let base = (0..50)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        })
-        .find(|p| {
-            *p < 65000 && (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok())
-        })
+    // Three consecutive free ports for the hub's and the agents' metrics servers, below the
+    // ephemeral range (32768 and up on Linux), where outgoing connections never take them.
+    let start = 20_000 + (std::process::id() % 4_000) as u16 * 3;
+    let base = (0..1_000u16)
+        .map(|k| 20_000 + (start - 20_000 + 3 * k) % 12_000)
+        .find(|p| (0..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
         .expect("three free ports");
     let out = Command::new(env!("CARGO_BIN_EXE_tender-demo"))
         .args(["--metrics-port", &base.to_string()])

@@ -58,6 +58,21 @@ async fn main() -> Result<()> {
     let args = Args::parse();
     // kube_client logs every non-2xx at error level, including the /readyz polls at start-up.
     tender_runtime::telemetry::init(tender_runtime::LogFormat::Text, "warn,kube_client=off")?;
+    // Every metrics port is bound before anything else runs: the environment's own
+    // connections draw local ports, and one could take a port between a check and a late bind.
+    let mut listeners = Vec::new();
+    for i in 0..=CLUSTERS.len() as u16 {
+        let addr = SocketAddr::from(([127, 0, 0, 1], args.metrics_port + i));
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!(
+                "cannot listen on {addr} for metrics: --metrics-port {} and the {} ports after it must be free",
+                args.metrics_port,
+                CLUSTERS.len()
+            )
+        })?;
+        listeners.push(listener);
+    }
+    let mut listeners = listeners.into_iter();
 
     step(
         "Starting the local environment: etcd, a hub and 2 downstream clusters (real kube-apiserver + kube-controller-manager)",
@@ -100,14 +115,15 @@ async fn main() -> Result<()> {
 
     step("Starting tender-hub (EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM=true)");
     let mut tasks = Vec::new();
-    let hub_addr = SocketAddr::from(([127, 0, 0, 1], args.metrics_port));
-    tasks.push(start_hub(&env, hub_addr).await?);
+    let hub_listener = listeners.next().expect("one listener per server");
+    let hub_addr = hub_listener.local_addr()?;
+    tasks.push(start_hub(&env, hub_listener).await?);
     println!("    metrics: http://{hub_addr}/metrics");
 
     step(
         "Registering clusters east and west (env=prod), as `tender cluster add` does, and starting their agents",
     );
-    for (i, (name, n)) in CLUSTERS.iter().enumerate() {
+    for (name, n) in CLUSTERS.iter() {
         let reg = tender_cli::cluster::register(
             &hub,
             &env.cluster(HUB).server,
@@ -119,14 +135,15 @@ async fn main() -> Result<()> {
             Duration::from_secs(7200),
         )
         .await?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], args.metrics_port + 1 + i as u16));
+        let listener = listeners.next().expect("one listener per server");
+        let addr = listener.local_addr()?;
         tasks.push(
             start_agent(
                 &env,
                 &reg.hub_kubeconfig,
                 &downstream_name(*n),
                 name,
-                addr,
+                listener,
                 &helm,
             )
             .await?,
@@ -271,7 +288,10 @@ fn rv<K: Resource>(obj: &K) -> u64 {
         .unwrap_or(0)
 }
 
-async fn start_hub(env: &TestEnv, addr: SocketAddr) -> Result<tokio::task::JoinHandle<()>> {
+async fn start_hub(
+    env: &TestEnv,
+    listener: tokio::net::TcpListener,
+) -> Result<tokio::task::JoinHandle<()>> {
     let mut metrics = Metrics::new();
     let hub_metrics = tender_hub::HubMetrics::register(&mut metrics);
     let metrics = Arc::new(metrics);
@@ -279,7 +299,7 @@ async fn start_hub(env: &TestEnv, addr: SocketAddr) -> Result<tokio::task::JoinH
     let client =
         tender_runtime::client::client_from_config(config, Some(metrics.clone()), "tender-hub")?;
     let health = Health::new();
-    let server = tender_runtime::serve(addr, metrics.clone(), health.clone());
+    let server = tender_runtime::server::serve_on(listener, metrics.clone(), health.clone());
     let hub_config = tender_hub::HubConfig {
         copy_resources_downstream: true,
         workspace_namespaces: vec![WORKSPACE.to_string()],
@@ -306,7 +326,7 @@ async fn start_agent(
     hub_kubeconfig: &str,
     downstream: &str,
     cluster: &str,
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
     helm: &Path,
 ) -> Result<tokio::task::JoinHandle<()>> {
     let metrics = tender_agent::AgentMetrics::register(Metrics::new());
@@ -321,7 +341,7 @@ async fn start_agent(
         "tender-agent",
     )?;
     let health = Health::new();
-    let server = tender_runtime::serve(addr, metrics.shared(), health.clone());
+    let server = tender_runtime::server::serve_on(listener, metrics.shared(), health.clone());
     let mut config = tender_agent::AgentConfig::new(WORKSPACE, cluster);
     config.helm_path = helm.to_path_buf();
     Ok(tokio::spawn(async move {
