@@ -89,9 +89,25 @@ impl std::fmt::Debug for TestEnv {
     }
 }
 
-/// A port the kernel just handed out on loopback (for a child that needs it in its config).
-pub(crate) fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// A free port on loopback, for a child that takes it from its config. Picked below Linux's
+/// ephemeral range (32768 and up): the ports `bind(0)` hands out are also the local ports of
+/// outgoing connections, and one of those can take a port between our check and the child's
+/// bind (it failed the demo in CI once). Sequential within a process, so never the same port
+/// twice; the starting point differs between processes.
+pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let seed = std::process::id().wrapping_mul(7_919) % SPAN;
+    let _ = NEXT.compare_exchange(u32::MAX, seed, Ordering::Relaxed, Ordering::Relaxed);
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port on 127.0.0.1 between {LOW} and {}", LOW + SPAN)
 }
 
 fn random_token() -> Result<String> {

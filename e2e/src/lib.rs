@@ -14,7 +14,7 @@ mod wait;
 pub use build::{KUBERNETES_VERSION, ensure_controlplane, ensure_helm, ensure_oci_registry};
 pub use env::{
     ADMIN_USER, ClusterInfo, EnvOptions, EnvRecord, HUB, RESTRICTED_USERS, TestEnv,
-    client_from_yaml, down, downstream_name, kubeconfig_yaml,
+    client_from_yaml, down, downstream_name, free_port, kubeconfig_yaml,
 };
 pub use process::Process;
 pub use wait::{eventually, unique_name, within};

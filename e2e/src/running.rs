@@ -52,11 +52,7 @@ impl Drop for OwnEnv {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    crate::free_port().expect("a free port")
 }
 
 fn repo_root() -> PathBuf {

@@ -49,11 +49,7 @@ fn repo_root() -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    tender_e2e::free_port().expect("a free port")
 }
 
 /// The user's shell: the repository as working directory, `KUBECONFIG` with the hub as

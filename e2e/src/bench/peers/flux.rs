@@ -29,6 +29,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tender_e2e::crds::{apply_crd, install_crds};
+use tender_e2e::free_port;
 use tender_e2e::hub_harness::{hub_config, start_hub};
 use tender_e2e::{ADMIN_USER, EnvOptions, HUB, Process, TestEnv, downstream_name, peers};
 use tender_types::conditions::{TYPE_CLUSTER_CONNECTED, is_true};
@@ -48,12 +49,6 @@ const IN_FLIGHT: usize = 16;
 /// Name of the kubeconfig Secret for downstream cluster `d` (`downstream-1` …).
 fn kubeconfig_secret(d: &str) -> String {
     format!("kubeconfig-{d}")
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// The artifact of rotation `v`: the same Secret (its data at version `v`) and ConfigMap

@@ -29,6 +29,7 @@ use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams, 
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tender_e2e::crds::{apply_crd, install_crds};
+use tender_e2e::free_port;
 use tender_e2e::hub_harness::{hub_config, start_hub};
 use tender_e2e::{ADMIN_USER, EnvOptions, HUB, Process, TestEnv, peers};
 use tender_types::conditions::{TYPE_CLUSTER_CONNECTED, is_true};
@@ -42,12 +43,6 @@ const KYVERNO_NS: &str = "kyverno";
 const LABEL: &str = "bench-fanout";
 const KYVERNO_COPY: &str = "creds-kyverno";
 const IN_FLIGHT: usize = 16;
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
 
 /// The last lines of a peer's log, for an error (the environment's directory goes with it).
 fn log_tail(path: &std::path::Path) -> String {
