@@ -92,8 +92,8 @@ impl std::fmt::Debug for TestEnv {
 /// A free port on loopback, for a child that takes it from its config. Picked below Linux's
 /// ephemeral range (32768 and up): the ports `bind(0)` hands out are also the local ports of
 /// outgoing connections, and one of those can take a port between our check and the child's
-/// bind (it failed the demo in CI once). Sequential within a process, so never the same port
-/// twice; the starting point differs between processes.
+/// bind (a port found that way failed the demo in CI once). Sequential within a process, so
+/// never the same port twice; the starting point differs between processes.
 pub fn free_port() -> Result<u16> {
     use std::sync::atomic::{AtomicU32, Ordering};
     const LOW: u32 = 20_000;

@@ -98,9 +98,7 @@ impl Context {
             copies_ahead: Mutex::new(HashMap::new()),
         }
     }
-}
 
-impl Context {
     /// The inventory of `owner`: from the cache of managed ConfigMaps when it holds the
     /// version this agent last read or wrote, else from the apiserver.
     pub(crate) async fn read_inventory(&self, owner: &Owner) -> crate::Result<Option<Recorded>> {

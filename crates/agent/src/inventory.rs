@@ -129,6 +129,15 @@ impl Inventory {
         ObjectKey::of::<ConfigMap>(Some(&self.agent_namespace), &name(owner))
     }
 
+    /// The version of inventory `name` this agent last read or wrote, if known.
+    fn seen(&self, name: &str) -> Option<String> {
+        self.seen
+            .lock()
+            .expect("inventory versions")
+            .get(name)
+            .cloned()
+    }
+
     /// Remembers `rv` as the version of inventory `name` this agent knows (`None`: unknown).
     fn see(&self, name: String, rv: Option<String>) {
         let mut seen = self.seen.lock().expect("inventory versions");
@@ -148,13 +157,7 @@ impl Inventory {
         cached: Option<Arc<DynamicObject>>,
     ) -> Result<Option<Recorded>> {
         let name = name(owner);
-        let seen = self
-            .seen
-            .lock()
-            .expect("inventory versions")
-            .get(&name)
-            .cloned();
-        let cm = match confirmed(seen.as_deref(), cached.as_deref()) {
+        let cm = match confirmed(self.seen(&name).as_deref(), cached.as_deref()) {
             Some(cm) => Some(cm),
             None => {
                 let cm = self.api.get_opt(&name).await.map_err(|e| {
@@ -193,11 +196,9 @@ impl Inventory {
         ) {
             // Until the write is answered nothing is known of the version it makes.
             self.see(name(owner), None);
+            // Only a write that was made returns the object, and with it the new version.
             let outcome = self.writer.execute(op).await?;
-            let rv = outcome
-                .object
-                .and_then(|o| o.metadata.resource_version)
-                .filter(|_| outcome.wrote);
+            let rv = outcome.object.and_then(|o| o.metadata.resource_version);
             self.see(name(owner), rv);
         }
         Ok(())

@@ -40,7 +40,7 @@ struct Args {
     /// State directory (kubeconfigs, logs); a temporary one when not given.
     #[arg(long)]
     state_dir: Option<PathBuf>,
-    /// First port of the metrics servers (hub, then one per agent).
+    /// First port of the metrics servers (hub, then one per agent); 0: any free port each.
     #[arg(long, default_value_t = 9090)]
     metrics_port: u16,
 }
@@ -62,7 +62,12 @@ async fn main() -> Result<()> {
     // connections draw local ports, and one could take a port between a check and a late bind.
     let mut listeners = Vec::new();
     for i in 0..=CLUSTERS.len() as u16 {
-        let addr = SocketAddr::from(([127, 0, 0, 1], args.metrics_port + i));
+        let port = if args.metrics_port == 0 {
+            0
+        } else {
+            args.metrics_port + i
+        };
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
             format!(
                 "cannot listen on {addr} for metrics: --metrics-port {} and the {} ports after it must be free",
