@@ -210,6 +210,19 @@ impl Ctx {
         clusters
     }
 
+    /// The namespace of `cluster` on the hub, when the cache holds the one the hub created
+    /// for it (the uid recorded on the Cluster, decision 74). Where the hub writes for a
+    /// Cluster comes from this alone, never from anything the Cluster's status says.
+    pub(crate) fn owned_namespace(&self, cluster: &Cluster) -> Option<String> {
+        let workspace = cluster.namespace()?;
+        let name = names::cluster_namespace(&workspace, &cluster.name_any());
+        let live = self.stores.namespaces.get(&ObjectRef::new(&name))?;
+        let recorded = cluster.annotations().get(labels::NAMESPACE_UID);
+        (crate::cluster::ownership(recorded.map(String::as_str), live.uid().as_deref())
+            == crate::cluster::Ownership::Ours)
+            .then_some(name)
+    }
+
     /// The Clusters of `workspace` that are not being deleted, from the cache (every shard's).
     pub(crate) fn clusters_in(&self, workspace: &str) -> Vec<Arc<Cluster>> {
         self.stores

@@ -92,6 +92,12 @@ pub mod reason {
     pub const WAIT_APPLIED: &str = "WaitApplied";
     /// Rollout is paused (Bundle, Cluster or BundleDeployment).
     pub const PAUSED: &str = "Paused";
+    /// A `downstreamResources` source exists but is never copied: a Secret a Cluster names
+    /// as its kubeconfig, or a ServiceAccount token (decision 75).
+    pub const SOURCE_REFUSED: &str = "SourceRefused";
+    /// The Cluster's namespace on the hub exists but the hub did not create it for this
+    /// Cluster: nothing is provisioned or written there (decision 74).
+    pub const NAMESPACE_NOT_OWNED: &str = "NamespaceNotOwned";
     /// The agent has never reported in.
     pub const WAITING_FOR_AGENT: &str = "WaitingForAgent";
     /// The agent has not reported in recently.

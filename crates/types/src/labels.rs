@@ -21,6 +21,10 @@ pub const BUNDLE_NAME: &str = "tender.dev/bundle-name";
 pub const CLUSTER: &str = "tender.dev/cluster";
 /// Label: the cluster's own namespace on the hub (where its BundleDeployments live).
 pub const CLUSTER_NAMESPACE: &str = "tender.dev/cluster-namespace";
+/// Annotation on a Cluster: the uid of the cluster namespace the hub created for it. Only a
+/// namespace of that uid is the hub's to write into and delete (decision 74); the agent's
+/// credential cannot write a Cluster's metadata.
+pub const NAMESPACE_UID: &str = "tender.dev/namespace-uid";
 /// Label: namespace of the Cluster object (the workspace), on cluster namespaces.
 pub const WORKSPACE: &str = "tender.dev/workspace";
 /// Label on downstream objects: which BundleDeployment owns them, as

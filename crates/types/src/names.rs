@@ -1,6 +1,6 @@
 //! Name rules: every name tender derives, always valid and stable.
 
-use crate::hash::short_hash;
+use crate::hash::{sha256_hex, short_hash};
 
 /// Longest DNS label (namespace names).
 pub const MAX_DNS_LABEL_LEN: usize = 63;
@@ -57,13 +57,17 @@ fn sanitise(s: &str, max: usize) -> String {
 }
 
 /// The cluster's own namespace on the hub:
-/// `cluster-<workspace>-<name>-<8 hex of sha256("workspace/name")>`.
+/// `cluster-<workspace>-<name>-<16 hex of sha256("workspace/name")>`.
 ///
 /// Always a DNS label of at most 63 characters. The readable part is truncated when long; the
 /// hash of the full, unmodified pair keeps distinct clusters apart even when their readable
 /// parts collide after truncation or sanitising.
+///
+/// The hash part is 64 bits (decision 74): a tenant of another workspace cannot search for a
+/// (workspace, name) pair whose namespace is somebody else's; the hub also adopts no
+/// namespace it did not create.
 pub fn cluster_namespace(workspace: &str, cluster_name: &str) -> String {
-    let hash = short_hash(&format!("{workspace}/{cluster_name}"));
+    let hash = sha256_hex(format!("{workspace}/{cluster_name}").as_bytes())[..16].to_string();
     let budget = MAX_DNS_LABEL_LEN - CLUSTER_NAMESPACE_PREFIX.len() - 1 - hash.len();
     let readable = sanitise(&format!("{workspace}-{cluster_name}"), budget);
     if readable.is_empty() {
@@ -194,7 +198,7 @@ mod tests {
     fn cluster_namespace_short_names_are_readable() {
         let ns = cluster_namespace("tender-default", "east-1");
         assert!(ns.starts_with("cluster-tender-default-east-1-"), "{ns}");
-        assert_eq!(ns.len(), "cluster-tender-default-east-1-".len() + 8);
+        assert_eq!(ns.len(), "cluster-tender-default-east-1-".len() + 16);
         assert!(is_dns_label(&ns));
         assert_eq!(ns, cluster_namespace("tender-default", "east-1"), "stable");
     }

@@ -108,13 +108,17 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     }
 
     // Targeting is unchanged, over this replica's Clusters only (decision 62).
+    // Where a cluster's BundleDeployment goes is the namespace the hub created for it, never
+    // what the Cluster's status (which its agent may write) says (decision 73).
     let clusters = ctx.own_clusters_in(&ns);
+    let owned: Vec<Option<String>> = clusters.iter().map(|c| ctx.owned_namespace(c)).collect();
     let views: Vec<ClusterView<'_>> = clusters
         .iter()
-        .map(|c| ClusterView {
+        .zip(&owned)
+        .map(|(c, namespace)| ClusterView {
             name: c.metadata.name.as_deref().unwrap_or_default(),
             labels: c.metadata.labels.as_ref().unwrap_or(no_labels()),
-            namespace: c.status.as_ref().and_then(|s| s.namespace.as_deref()),
+            namespace: namespace.as_deref(),
             paused: c.spec.paused,
         })
         .collect();
@@ -222,6 +226,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
             facts.matched = plan.matched.len();
             facts.summary = summarize(plan.matched.len(), current);
             facts.missing = plan.missing.into_iter().collect();
+            facts.refused = plan.refused.into_iter().collect();
             facts.unsupported = plan.unsupported.into_iter().collect();
             facts.too_large.sort();
             facts.copy_disabled = plan.copy_disabled;

@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use kube::runtime::reflector::ObjectRef;
 use tender_types::copy::CopyableKind;
-use tender_types::{Bundle, BundleDeployment, ClusterGroup, SourceKind, hash, labels};
+use tender_types::{Bundle, BundleDeployment, ClusterGroup, SourceKind, hash, labels, names};
 
 use super::ops::{LiveCopy, SourceObject};
 use super::plan::{SourceKey, SourceState};
@@ -42,10 +42,19 @@ pub(crate) fn groups_in(ctx: &Ctx, ns: &str) -> Vec<Arc<ClusterGroup>> {
 /// The BundleDeployments written for `bundle`, from the cache.
 pub(crate) fn deployments_of(ctx: &Ctx, bundle: &Bundle) -> Vec<Arc<BundleDeployment>> {
     let (ns, name) = (bundle.namespace().unwrap_or_default(), bundle.name_any());
-    ctx.stores
-        .bundle_deployments
-        .state()
-        .into_iter()
+    // Looked up where the hub puts them (the namespaces it created for the workspace's
+    // Clusters, under the Bundle's name), not found by labels: an agent may patch its
+    // BundleDeployments' labels, and must not make another Bundle count or delete one
+    // (decision 73). A relabelled one is missing here and is written back.
+    let bd_name = names::bundle_deployment_name(&name);
+    ctx.clusters_in(&ns)
+        .iter()
+        .filter_map(|c| ctx.owned_namespace(c))
+        .filter_map(|cns| {
+            ctx.stores
+                .bundle_deployments
+                .get(&ObjectRef::new(&bd_name).within(&cns))
+        })
         .filter(|bd| is_bundle(&bd.metadata, &ns, &name))
         .collect()
 }
@@ -137,6 +146,9 @@ pub(crate) async fn source_state(
     let (kind, name) = key;
     let ns = source_namespace(ctx, ns, kind);
     let ns = ns.as_str();
+    if kind.source_kind() == Some(SourceKind::Secret) && named_by_cluster(ctx, ns, name) {
+        return Ok(SourceState::Refused);
+    }
     let rv = match kind.source_kind() {
         Some(SourceKind::Secret) => ctx
             .stores
@@ -166,12 +178,36 @@ pub(crate) async fn source_state(
     let Some((object, hash, rv)) = fetch_source(ctx, ns, kind, name).await? else {
         return Ok(SourceState::Missing);
     };
+    if let SourceObject::Secret(s) = &object
+        && s.type_.as_deref() == Some(SERVICE_ACCOUNT_TOKEN)
+    {
+        // Not remembered: a refused source is read again, it is never copied.
+        return Ok(SourceState::Refused);
+    }
     ctx.source_hashes
         .lock()
         .expect("lock")
         .insert(id, (rv, hash.clone()));
     fetched.insert(key.clone(), object);
     Ok(SourceState::Found { hash })
+}
+
+/// The type of the Secrets the token controller fills with a ServiceAccount's token.
+const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
+
+/// Whether a Cluster of workspace `ns` names Secret `name` (its push kubeconfig): a Bundle
+/// of the same workspace never copies it anywhere (decision 75).
+fn named_by_cluster(ctx: &Ctx, ns: &str, name: &str) -> bool {
+    ctx.stores
+        .clusters
+        .find(|c| {
+            c.namespace().as_deref() == Some(ns)
+                && c.spec
+                    .kubeconfig_secret_ref
+                    .as_ref()
+                    .is_some_and(|r| r.name == name)
+        })
+        .is_some()
 }
 
 /// Reads one source in full, with its content hash and resourceVersion (`ns` is already the

@@ -33,6 +33,9 @@ pub enum SourceState {
     },
     /// No such object in the Bundle's namespace.
     Missing,
+    /// It exists but is never copied: a Secret a Cluster names (a push kubeconfig) or a
+    /// ServiceAccount token (decision 75).
+    Refused,
 }
 
 /// Key of a source in the Bundle's namespace (or of a cluster-scoped source): kind and name.
@@ -111,6 +114,8 @@ pub struct Plan {
     pub deployments: Vec<DesiredDeployment>,
     /// Missing sources that a matched cluster needs, as `Kind/name`.
     pub missing: BTreeSet<String>,
+    /// Sources that exist but are never copied (decision 75), as `Kind/name`.
+    pub refused: BTreeSet<String>,
     /// Entries with a kind the hub operator does not allow, as `Kind/name`.
     pub unsupported: BTreeSet<String>,
     /// `downstreamResources` are set (for a matched cluster) but the copy feature is off.
@@ -225,6 +230,10 @@ pub fn plan(
                     }),
                     Some(SourceState::Missing) | None => {
                         plan.missing.insert(display(entry));
+                        blocked = true;
+                    }
+                    Some(SourceState::Refused) => {
+                        plan.refused.insert(display(entry));
                         blocked = true;
                     }
                 }

@@ -182,6 +182,8 @@ pub struct BundleFacts {
     pub matched: usize,
     /// Missing sources (`Kind/name`), sorted.
     pub missing: Vec<String>,
+    /// Sources never copied (`Kind/name`): Secrets a Cluster names, ServiceAccount tokens.
+    pub refused: Vec<String>,
     /// Unsupported entries (`Kind/name`), sorted.
     pub unsupported: Vec<String>,
     /// Clusters whose BundleDeployment the apiserver refused to store for its size, sorted.
@@ -216,6 +218,15 @@ pub fn bundle_status(
             format!(
                 "not found in the Bundle's namespace: {}; nothing is written for the clusters that need them until they exist",
                 facts.missing.join(", ")
+            ),
+        )
+    } else if !facts.refused.is_empty() {
+        (
+            false,
+            reason::SOURCE_REFUSED,
+            format!(
+                "never copied: {} (a Secret a Cluster names as its kubeconfig, or a ServiceAccount token); nothing is written for the clusters that need them",
+                facts.refused.join(", ")
             ),
         )
     } else if !facts.unsupported.is_empty() {

@@ -4,11 +4,13 @@
 //! Pure parts: [`access`] (what an agent is granted) and [`status`] (the status written).
 
 mod access;
+mod namespace;
 mod status;
 
 pub use access::{AgentAccess, agent_access, upstream_access};
+pub(crate) use namespace::{Ownership, ownership};
 pub use status::{cluster_status, last_heartbeat};
-use status::{rollout_only, status_key, summary_wait};
+use status::{not_owned_status, rollout_only, status_key, summary_wait};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -286,6 +288,9 @@ async fn await_agent_cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Option<Dura
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let ns_name = names::cluster_namespace(&workspace, &name);
+    if namespace_ownership(ctx, cluster, &ns_name).await?.0 != Ownership::Ours {
+        return Ok(None);
+    }
     // Read fresh, not from the cache: the agent's finalizer removals are what we wait for.
     let bds = list_fresh(ctx, &ns_name).await?;
     let step = agent_cleanup_step(
@@ -313,7 +318,12 @@ async fn await_agent_cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Option<Dura
 /// What the hub removes when a Cluster goes, in order: the agent's finalizer on each of the
 /// cluster's BundleDeployments (nobody else would remove it), the namespace (and with it
 /// BundleDeployments and copies), then the workspace RBAC. Pure.
-fn cleanup_ops(workspace: &str, cluster: &str, bds: &[BundleDeployment]) -> Vec<Op> {
+fn cleanup_ops(
+    workspace: &str,
+    cluster: &str,
+    namespace_uid: Option<String>,
+    bds: &[BundleDeployment],
+) -> Vec<Op> {
     let ns = names::cluster_namespace(workspace, cluster);
     let mut ops: Vec<Op> = bds
         .iter()
@@ -340,7 +350,7 @@ fn cleanup_ops(workspace: &str, cluster: &str, bds: &[BundleDeployment]) -> Vec<
     let role = names::agent_workspace_role(cluster);
     ops.push(Op::Delete {
         key: ObjectKey::of::<Namespace>(None, &ns),
-        uid: None,
+        uid: namespace_uid,
     });
     ops.push(Op::Delete {
         key: ObjectKey::of::<RoleBinding>(Some(workspace), &role),
@@ -353,7 +363,51 @@ fn cleanup_ops(workspace: &str, cluster: &str, bds: &[BundleDeployment]) -> Vec<
     ops
 }
 
-async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
+/// Reads the derived namespace of `cluster` fresh and says whose it is (decision 74); its uid.
+async fn namespace_ownership(
+    ctx: &Ctx,
+    cluster: &Cluster,
+    ns_name: &str,
+) -> Result<(Ownership, Option<String>), Error> {
+    let live = Api::<Namespace>::all(ctx.client.clone())
+        .get_metadata_opt(ns_name)
+        .await
+        .map_err(kube_err(format!("read namespace {ns_name}")))?;
+    let uid = live.and_then(|m| m.uid());
+    let recorded = cluster.annotations().get(labels::NAMESPACE_UID);
+    Ok((ownership(recorded.map(String::as_str), uid.as_deref()), uid))
+}
+
+/// Creates the cluster namespace and records its uid on the Cluster (metadata: an agent's
+/// credential cannot write it). `false`: somebody else created it first.
+async fn create_namespace(
+    ctx: &Ctx,
+    cluster: &Cluster,
+    namespace: Provisioned,
+) -> Result<bool, Error> {
+    let created = ctx
+        .exec
+        .execute(Op::Create {
+            key: namespace.key,
+            body: namespace.body,
+        })
+        .await?;
+    let Some(uid) = created.uid.filter(|_| created.wrote) else {
+        return Ok(false);
+    };
+    let workspace = cluster.namespace().unwrap_or_default();
+    ctx.exec
+        .execute(Op::MergePatch {
+            key: ObjectKey::of::<Cluster>(Some(&workspace), &cluster.name_any()),
+            patch: serde_json::json!({"metadata": {"annotations": {labels::NAMESPACE_UID: uid}}}),
+        })
+        .await?;
+    Ok(true)
+}
+
+/// Provisions the cluster namespace and the agent's access; `false` when the namespace is not
+/// the hub's own (nothing is written then).
+async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<bool, Error> {
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let uid = cluster.uid().unwrap_or_default();
@@ -361,21 +415,34 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
     let key = (workspace.clone(), name.clone());
     let mode = cluster.spec.mode();
     let done = (uid.clone(), mode);
-    let ns_cached = ctx
-        .stores
-        .namespaces
-        .get(&ObjectRef::new(&ns_name))
-        .is_some();
-    if ns_cached && ctx.provisioned.lock().expect("lock").get(&key) == Some(&done) {
-        return Ok(());
+    if ctx.owned_namespace(cluster).is_some()
+        && ctx.provisioned.lock().expect("lock").get(&key) == Some(&done)
+    {
+        return Ok(true);
     }
-    // Observe: each object's content-hash annotation (one metadata read per object, once per
-    // Cluster and mode per process).
     let access = in_shard(
         agent_access(&workspace, &name),
         ctx.config.shard_id.as_deref(),
     );
-    let objects = access_objects(access, mode);
+    let mut objects = access_objects(access, mode);
+    // The namespace first: the hub writes only into one it created (decision 74).
+    match namespace_ownership(ctx, cluster, &ns_name).await?.0 {
+        Ownership::NotOurs => {
+            ctx.provisioned.lock().expect("lock").remove(&key);
+            return Ok(false);
+        }
+        Ownership::Absent => {
+            let namespace = objects.remove(0);
+            if !create_namespace(ctx, cluster, namespace).await? {
+                return Ok(false);
+            }
+            // The rest once the Cluster carries the record (its event brings us back).
+            return Ok(true);
+        }
+        Ownership::Ours => {}
+    }
+    // Observe: each object's content-hash annotation (one metadata read per object, once per
+    // Cluster and mode per process).
     let mut live = Vec::with_capacity(objects.len());
     for o in &objects {
         let api: Api<DynamicObject> = match &o.key.namespace {
@@ -415,7 +482,7 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<(), Error> {
         )
         .await;
     }
-    Ok(())
+    Ok(true)
 }
 
 async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
@@ -429,7 +496,13 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         tracing::info!(cluster = %name, namespace = %ns_name, "cluster namespace is terminating; waiting to recreate it");
         return Ok(Action::await_change());
     }
-    provision(cluster, ctx).await?;
+    if !provision(cluster, ctx).await? {
+        return not_owned(cluster, ctx, &workspace, &ns_name).await;
+    }
+    if ctx.owned_namespace(cluster).is_none() {
+        // Just created: its cache event and the Cluster's record of it bring us back.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     // Decide the status on the cache as it is now: the reconcile's snapshot may predate our
     // own last status write, whose watch event has since retired its memo entry.
     let latest = ctx.stores.clusters.get(&ObjectRef::from_obj(cluster));
@@ -506,6 +579,36 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     Ok(recheck.map_or_else(Action::await_change, Action::requeue))
 }
 
+/// A Cluster whose namespace is somebody else's: says so in its status, writes nothing else.
+async fn not_owned(
+    cluster: &Cluster,
+    ctx: &Ctx,
+    workspace: &str,
+    ns_name: &str,
+) -> Result<Action, Error> {
+    tracing::warn!(cluster = %cluster.name_any(), namespace = %ns_name, "cluster namespace exists but was not created by tender for this Cluster; not provisioning");
+    let status = not_owned_status(
+        cluster.status.as_ref(),
+        ns_name,
+        cluster.metadata.generation,
+        Timestamp::now(),
+    );
+    let mut ours = status.clone();
+    ours.agent = None;
+    let unchanged = cluster.status.as_ref() == Some(&status);
+    let op = status_op::<Cluster, _>(
+        workspace,
+        &cluster.name_any(),
+        cluster.resource_version(),
+        unchanged.then_some(&ours),
+        &ours,
+        status_key(&status),
+    );
+    ctx.write_status(op).await?;
+    // Looked at again when the namespace or the Cluster changes.
+    Ok(Action::await_change())
+}
+
 /// How long a summary-only status change of Cluster `key` still waits (`None`: write now);
 /// `delay` is `Some` for a summary-only change.
 fn summary_due(ctx: &Ctx, key: (String, String), delay: Option<Duration>) -> Option<Duration> {
@@ -541,10 +644,17 @@ async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let name = cluster.name_any();
     let ns_name = names::cluster_namespace(&workspace, &name);
     release(cluster, ctx);
+    // Only a namespace the hub created for this Cluster is emptied and deleted, that very
+    // one (uid precondition); somebody else's is left as it is (decision 74).
+    let (owner, uid) = namespace_ownership(ctx, cluster, &ns_name).await?;
+    if owner != Ownership::Ours {
+        tracing::info!(cluster = %name, namespace = %ns_name, "cluster deleted: its namespace is not tender's, left alone");
+        return Ok(Action::await_change());
+    }
     // Read fresh, not from the cache: a finalizer added a moment ago must not be missed.
     let list = list_fresh(ctx, &ns_name).await?;
     ctx.exec
-        .execute_in_order(cleanup_ops(&workspace, &name, &list))
+        .execute_in_order(cleanup_ops(&workspace, &name, uid, &list))
         .await?;
     tracing::info!(cluster = %name, namespace = %ns_name, "cluster deleted: namespace and agent access removed");
     Ok(Action::await_change())

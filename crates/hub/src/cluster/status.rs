@@ -153,6 +153,33 @@ pub fn cluster_status(
     (status, recheck)
 }
 
+/// The status of a Cluster whose namespace is not the hub's own (decision 74): no namespace
+/// named, not Ready with reason `NamespaceNotOwned`; the agent's field kept. Pure.
+pub fn not_owned_status(
+    existing: Option<&ClusterStatus>,
+    namespace: &str,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> ClusterStatus {
+    let mut status = existing.cloned().unwrap_or_default();
+    status.observed_generation = generation;
+    status.namespace = None;
+    conditions::set_condition(
+        &mut status.conditions,
+        TYPE_READY,
+        false,
+        reason::NAMESPACE_NOT_OWNED,
+        &super::namespace::not_owned_message(namespace),
+        generation,
+        Time(now),
+    );
+    status.display = Some(ClusterDisplay {
+        ready_bundles: "0/0".to_string(),
+        state: reason::NAMESPACE_NOT_OWNED.to_string(),
+    });
+    status
+}
+
 /// Key of a status in the executor's write memo: its content without condition transition times.
 /// A reconcile that runs before the cache has our last status write sees no conditions and
 /// stamps new ones with the current time; that is the status already written, not a new one
