@@ -93,7 +93,10 @@ async fn reverse_sync_publishes_isolates_goes_stale_and_cleans_up() {
 
     // Published under the documented name, with the source's labels and tender's.
     let published = names::upstream_name("vpc", "east", "peering-request");
-    assert_eq!(published, "vpc-east-peering-request");
+    assert!(
+        published.starts_with("vpc-east-peering-request-"),
+        "{published}"
+    );
     let s = wait_secret(
         &ws.hub,
         &ws.ns,
@@ -266,4 +269,58 @@ async fn reverse_sync_publishes_isolates_goes_stale_and_cleans_up() {
     })
     .await;
     let _ = Api::<BundleDeployment>::namespaced(ws.hub.clone(), &east_ns);
+}
+
+/// Issue 22: cluster `east` publishing `peering-request` and cluster `east-peering` publishing
+/// `request` read the same as `<bundle>-<cluster>-<name>`; both are published, apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn published_names_of_two_clusters_never_collide() {
+    let env = shared_env(2).await;
+    let ws = Workspace::new(env, "pair").await;
+    let ns = tender_e2e::unique_name("pair");
+    let (east_down, other_down) = (downstream_name(1), downstream_name(2));
+    for (down, name, from) in [
+        (&east_down, "peering-request", "east"),
+        (&other_down, "request", "east-peering"),
+    ] {
+        let client = ws.downstream(down).await;
+        create_namespace(&client, &ns).await;
+        Api::<Secret>::namespaced(client, &ns)
+            .create(&PostParams::default(), &secret(name, &[("from", from)]))
+            .await
+            .unwrap();
+    }
+    let _east = ws.agent("east", &east_down).await;
+    let _east_peering = ws.agent("east-peering", &other_down).await;
+    ws.bundle(
+        "vpc",
+        json!({
+            "targets": [{"clusterName": "east"}, {"clusterName": "east-peering"}],
+            "defaultNamespace": ns,
+            "upstreamResources": [
+                {"kind": "Secret", "name": "peering-request"},
+                {"kind": "Secret", "name": "request"}
+            ],
+        }),
+    )
+    .await;
+    for (cluster, name) in [("east", "peering-request"), ("east-peering", "request")] {
+        wait_secret(
+            &ws.hub,
+            &ws.ns,
+            &names::upstream_name("vpc", cluster, name),
+            &format!("{cluster}'s {name} published"),
+            |s| secret_value(s, "from").as_deref() == Some(cluster),
+        )
+        .await;
+    }
+    let bundle = Api::<Bundle>::namespaced(ws.hub.clone(), &ws.ns)
+        .get("vpc")
+        .await
+        .unwrap();
+    let lines = bundle.status.unwrap().upstream;
+    assert!(
+        lines.iter().all(|l| l.state != UpstreamState::Conflict),
+        "{lines:?}"
+    );
 }

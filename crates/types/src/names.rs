@@ -101,19 +101,17 @@ pub fn bundle_deployment_name(bundle_name: &str) -> String {
 }
 
 /// Name of a cluster's published copy of a downstream object in the Bundle's namespace:
-/// `<bundle>-<cluster>-<name>` when that is a DNS subdomain of at most 253 characters,
-/// otherwise sanitised, truncated and suffixed with 8 hex of sha256(`bundle/cluster/name`).
+/// `<bundle>-<cluster>-<name>-<8 hex of sha256("bundle/cluster/name")>`, sanitised and
+/// truncated to a DNS subdomain.
 ///
-/// The readable form can collide (`a` + `b-c` vs `a-b` + `c`); the hub never overwrites an
-/// object it did not publish for the same Bundle, cluster and source (reported `Conflict`).
+/// The hash is always there: the readable part alone collides (`east` publishing
+/// `peering-request` and `east-peering` publishing `request`), and so would the two
+/// publications. The hub still never overwrites an object it did not publish for the same
+/// Bundle, cluster and source (reported `Conflict`).
 pub fn upstream_name(bundle_name: &str, cluster_name: &str, name: &str) -> String {
-    let readable = format!("{bundle_name}-{cluster_name}-{name}");
-    if is_dns_subdomain(&readable) {
-        return readable;
-    }
     let hash = short_hash(&format!("{bundle_name}/{cluster_name}/{name}"));
     let budget = MAX_DNS_SUBDOMAIN_LEN - 1 - hash.len();
-    let readable = sanitise(&readable, budget);
+    let readable = sanitise(&format!("{bundle_name}-{cluster_name}-{name}"), budget);
     if readable.is_empty() {
         hash
     } else {
@@ -254,12 +252,16 @@ mod tests {
     }
 
     #[test]
-    fn upstream_names_are_readable_when_short_and_hashed_when_long() {
-        assert_eq!(
-            upstream_name("vpc", "east-1", "peering"),
-            "vpc-east-1-peering"
+    fn upstream_names_are_readable_and_never_collide() {
+        let n = upstream_name("vpc", "east-1", "peering");
+        assert!(n.starts_with("vpc-east-1-peering-"), "{n}");
+        assert_eq!(n.len(), "vpc-east-1-peering-".len() + 8);
+        assert!(is_dns_subdomain(&upstream_name("vpc", "east.1", "a.b")));
+        // The readable parts are equal; the publications must not be (issue 22).
+        assert_ne!(
+            upstream_name("vpc", "east", "peering-request"),
+            upstream_name("vpc", "east-peering", "request")
         );
-        assert_eq!(upstream_name("vpc", "east.1", "a.b"), "vpc-east.1-a.b");
         let long = "n".repeat(250);
         let a = upstream_name("vpc", "east", &format!("{long}a"));
         let b = upstream_name("vpc", "east", &format!("{long}b"));
