@@ -47,6 +47,17 @@ fn demo_copies_deploys_rotates_and_deploys_a_helm_chart() {
         }),
         "{stdout}"
     );
+    // `tender status`: each Cluster's row counts its BundleDeployments as they are — both
+    // Bundles ready — not the summary the hub writes after a delay (issue 22: it said 0/0).
+    for cluster in ["east", "west"] {
+        assert!(
+            stdout.lines().any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.first() == Some(&cluster) && cols.contains(&"2/2")
+            }),
+            "{stdout}"
+        );
+    }
     // `tender status`: the Bundle's row shows both clusters ready.
     assert!(
         stdout.lines().any(|l| {

@@ -24,7 +24,7 @@ use kube::discovery::{Discovery, Scope};
 use kube::{Resource, ResourceExt};
 use tender_e2e::{EnvOptions, HUB, TestEnv, crds::install_crds, downstream_name};
 use tender_runtime::{Health, Metrics};
-use tender_types::{Bundle, Cluster, HelmOp, conditions, hash, labels};
+use tender_types::{Bundle, BundleDeployment, Cluster, HelmOp, conditions, hash, labels};
 
 const WORKSPACE: &str = "tender-default";
 const CLUSTERS: [(&str, usize); 2] = [("east", 1), ("west", 2)];
@@ -256,9 +256,20 @@ async fn main() -> Result<()> {
     let helm_ops = Api::<HelmOp>::namespaced(hub.clone(), WORKSPACE)
         .list(&Default::default())
         .await?;
+    let deployments = Api::<BundleDeployment>::all(hub.clone())
+        .list(
+            &kube::api::ListParams::default()
+                .labels(&tender_cli::status::workspace_selector(WORKSPACE)),
+        )
+        .await?;
     print!(
         "{}",
-        tender_cli::status::render_table(&helm_ops.items, &bundles.items, &clusters.items)
+        tender_cli::status::render_table(
+            &helm_ops.items,
+            &bundles.items,
+            &clusters.items,
+            &deployments.items
+        )
     );
 
     if args.keep_running {

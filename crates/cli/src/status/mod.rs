@@ -81,7 +81,7 @@ pub async fn run(args: Args) -> Result<()> {
                 .await
                 .with_context(|| format!("listing Clusters in {ws}"))?;
             // A hub whose CRDs predate HelmOps simply has none.
-            let helm_ops = match Api::<HelmOp>::namespaced(hub, ws)
+            let helm_ops = match Api::<HelmOp>::namespaced(hub.clone(), ws)
                 .list(&ListParams::default())
                 .await
             {
@@ -89,7 +89,12 @@ pub async fn run(args: Args) -> Result<()> {
                 Err(kube::Error::Api(s)) if s.code == 404 => Vec::new(),
                 Err(e) => return Err(e).with_context(|| format!("listing HelmOps in {ws}")),
             };
-            let mut report = workspace_report(ws, &bundles.items, &clusters.items);
+            let deployments = Api::<BundleDeployment>::all(hub.clone())
+                .list(&ListParams::default().labels(&workspace_selector(ws)))
+                .await
+                .with_context(|| format!("listing the BundleDeployments of workspace {ws}"))?;
+            let mut report =
+                workspace_report(ws, &bundles.items, &clusters.items, &deployments.items);
             report.helm_ops = helm_op_rows(&helm_ops);
             render(&report, args.output, render_workspace_table)?
         }
@@ -123,10 +128,20 @@ pub async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The label selector of every BundleDeployment of workspace `ws`'s Bundles.
+pub fn workspace_selector(ws: &str) -> String {
+    format!("{}={}", labels::BUNDLE_NAMESPACE, labels::safe_label_value(ws))
+}
+
 /// One line per HelmOp, Bundle and Cluster, `kubectl get`-style (the table of
 /// [`workspace_report`] with [`helm_op_rows`]).
-pub fn render_table(helm_ops: &[HelmOp], bundles: &[Bundle], clusters: &[Cluster]) -> String {
-    let mut report = workspace_report("", bundles, clusters);
+pub fn render_table(
+    helm_ops: &[HelmOp],
+    bundles: &[Bundle],
+    clusters: &[Cluster],
+    deployments: &[BundleDeployment],
+) -> String {
+    let mut report = workspace_report("", bundles, clusters, deployments);
     report.helm_ops = helm_op_rows(helm_ops);
     render_workspace_table(&report)
 }
@@ -141,7 +156,7 @@ mod tests {
     use tender_types::bundle::{BundleDisplay, BundleStatus};
     use tender_types::bundle_deployment::{BundleDeploymentDisplay, BundleDeploymentStatus};
     use tender_types::cluster::{ClusterDisplay, ClusterStatus};
-    use tender_types::conditions;
+    use tender_types::{conditions, names};
 
     fn cond(status: &str, reason: &str, message: &str) -> Condition {
         Condition {
@@ -168,12 +183,15 @@ mod tests {
         b
     }
 
+    /// A Cluster of workspace `ws` whose status summary is stale (`0/0`, as the hub leaves it
+    /// until its summary delay passes).
     fn cluster(name: &str, state: &str) -> Cluster {
         let mut c = Cluster::new(name, Default::default());
+        c.metadata.namespace = Some("ws".into());
         c.status = Some(ClusterStatus {
-            namespace: Some(format!("ws-{name}")),
+            namespace: Some(names::cluster_namespace("ws", name)),
             display: Some(ClusterDisplay {
-                ready_bundles: "1/1".into(),
+                ready_bundles: "0/0".into(),
                 state: state.into(),
             }),
             ..Default::default()
@@ -183,7 +201,7 @@ mod tests {
 
     fn deployment(cluster: &str, state: Option<&str>, c: Option<Condition>) -> BundleDeployment {
         let mut bd = BundleDeployment::new("web", Default::default());
-        bd.metadata.namespace = Some(format!("ws-{cluster}"));
+        bd.metadata.namespace = Some(names::cluster_namespace("ws", cluster));
         bd.metadata.labels = Some(BTreeMap::from([(
             labels::CLUSTER.to_string(),
             cluster.to_string(),
@@ -217,6 +235,33 @@ mod tests {
     }
 
     #[test]
+    fn a_clusters_count_comes_from_its_bundle_deployments_not_its_stale_summary() {
+        let mut deleting = deployment("east", Some("Ready"), Some(cond("True", "Ready", "")));
+        deleting.metadata.name = Some("old".into());
+        deleting.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        let mut other = deployment("east", None, None);
+        other.metadata.name = Some("other".into());
+        let report = workspace_report(
+            "ws",
+            &[],
+            &[cluster("east", "Ready"), cluster("west", "Ready")],
+            &[
+                deployment("east", Some("Ready"), Some(cond("True", "Ready", ""))),
+                other,
+                deleting,
+                deployment("west", Some("Ready"), Some(cond("True", "Ready", ""))),
+            ],
+        );
+        let counts: Vec<&str> = report
+            .clusters
+            .iter()
+            .map(|c| c.bundles_ready.as_str())
+            .collect();
+        // The status summaries say 0/0; the BundleDeployments say otherwise.
+        assert_eq!(counts, ["1/2", "1/1"]);
+    }
+
+    #[test]
     fn workspace_table_lists_bundles_then_clusters_sorted() {
         let report = workspace_report(
             "ws",
@@ -225,9 +270,16 @@ mod tests {
                 bundle("alpha", "2/2", Some(cond("True", "Ready", ""))),
             ],
             &[cluster("east", "Ready")],
+            &[deployment(
+                "east",
+                Some("Ready"),
+                Some(cond("True", "Ready", "")),
+            )],
         );
         let text = render_workspace_table(&report);
+        let east_ns = names::cluster_namespace("ws", "east");
         let lines: Vec<&str> = text.lines().collect();
+        let east_line = format!("east      Pull   Ready   1/1             {east_ns}");
         assert_eq!(
             lines,
             [
@@ -236,13 +288,18 @@ mod tests {
                 "zeta     0/1              Unknown",
                 "",
                 "CLUSTER   MODE   STATE   BUNDLES-READY   NAMESPACE",
-                "east      Pull   Ready   1/1             ws-east",
+                east_line.as_str(),
             ]
         );
         // The compatibility entry point renders the same table.
         assert_eq!(
-            render_table(&[], &[bundle("zeta", "0/1", None)], &[]),
-            render_workspace_table(&workspace_report("", &[bundle("zeta", "0/1", None)], &[]))
+            render_table(&[], &[bundle("zeta", "0/1", None)], &[], &[]),
+            render_workspace_table(&workspace_report(
+                "",
+                &[bundle("zeta", "0/1", None)],
+                &[],
+                &[]
+            ))
         );
     }
 
@@ -273,7 +330,7 @@ mod tests {
             }),
             ..Default::default()
         });
-        let text = render_table(&[web, site], &[bundle("web", "2/2", None)], &[]);
+        let text = render_table(&[web, site], &[bundle("web", "2/2", None)], &[], &[]);
         let lines: Vec<&str> = text.lines().take(4).collect();
         assert_eq!(
             lines,
@@ -286,7 +343,7 @@ mod tests {
         );
         assert!(text.contains("\nBUNDLE "), "{text}");
         assert!(
-            !render_table(&[], &[], &[]).contains("HELMOP"),
+            !render_table(&[], &[], &[], &[]).contains("HELMOP"),
             "no HelmOps, no table"
         );
     }
@@ -322,7 +379,10 @@ mod tests {
         assert_eq!(v["bundle"]["name"], "web");
         assert_eq!(v["bundle"]["clustersReady"], "1/2");
         assert_eq!(v["clusters"][2]["cluster"], "west");
-        assert_eq!(v["clusters"][2]["namespace"], "ws-west");
+        assert_eq!(
+            v["clusters"][2]["namespace"],
+            names::cluster_namespace("ws", "west")
+        );
         assert_eq!(v["clusters"][2]["state"], "ErrApplied");
         assert_eq!(v["clusters"][2]["reason"], "ApplyFailed");
         assert_eq!(v["clusters"][2]["message"], "ConfigMap apps/x: forbidden");
@@ -335,6 +395,11 @@ mod tests {
             "ws",
             &[bundle("web", "1/1", None)],
             &[cluster("east", "Ready")],
+            &[deployment(
+                "east",
+                Some("Ready"),
+                Some(cond("True", "Ready", "")),
+            )],
         );
         let v: serde_json::Value =
             serde_json::from_str(&render(&ws, Output::Json, render_workspace_table).unwrap())
@@ -342,7 +407,10 @@ mod tests {
         assert_eq!(v["workspace"], "ws");
         assert_eq!(v["bundles"][0]["ready"], "Unknown");
         assert_eq!(v["clusters"][0]["bundlesReady"], "1/1");
-        assert_eq!(v["clusters"][0]["namespace"], "ws-east");
+        assert_eq!(
+            v["clusters"][0]["namespace"],
+            names::cluster_namespace("ws", "east")
+        );
     }
 
     #[test]
@@ -380,7 +448,7 @@ mod tests {
         let mut unreported = push.clone();
         unreported.metadata.name = Some("fresh".into());
         unreported.status = None;
-        let report = workspace_report("ws", &[], &[pull, push, unreported]);
+        let report = workspace_report("ws", &[], &[pull, push, unreported], &[]);
         let modes: Vec<(&str, &str)> = report
             .clusters
             .iter()

@@ -3,7 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use serde::Serialize;
-use tender_types::{Bundle, BundleDeployment, Cluster, HelmOp, conditions, labels};
+use tender_types::{Bundle, BundleDeployment, Cluster, HelmOp, conditions, labels, names};
 
 /// A workspace: its HelmOps, Bundles and Clusters.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -169,11 +169,33 @@ pub fn bundle_row(b: &Bundle) -> BundleRow {
     }
 }
 
-/// The rows of a workspace, sorted by name.
+/// `ready/total` of the BundleDeployments (not being deleted) in cluster namespace `ns`.
+fn ready_in(ns: &str, deployments: &[BundleDeployment]) -> String {
+    let live: Vec<&BundleDeployment> = deployments
+        .iter()
+        .filter(|bd| bd.namespace().as_deref() == Some(ns))
+        .filter(|bd| bd.metadata.deletion_timestamp.is_none())
+        .collect();
+    let ready = live
+        .iter()
+        .filter(|bd| {
+            bd.status
+                .as_ref()
+                .is_some_and(|s| conditions::is_true(&s.conditions, conditions::TYPE_READY))
+        })
+        .count();
+    format!("{ready}/{}", live.len())
+}
+
+/// The rows of a workspace, sorted by name. A Cluster's `BUNDLES-READY` is counted from
+/// `deployments` (the workspace's BundleDeployments), not taken from its status: the hub
+/// writes that summary after a delay (decision 53), and a table must not contradict the
+/// BundleDeployments it sits next to.
 pub fn workspace_report(
     workspace: &str,
     bundles: &[Bundle],
     clusters: &[Cluster],
+    deployments: &[BundleDeployment],
 ) -> WorkspaceReport {
     let mut bundles: Vec<BundleRow> = bundles.iter().map(bundle_row).collect();
     bundles.sort_by(|a, b| a.name.cmp(&b.name));
@@ -184,11 +206,13 @@ pub fn workspace_report(
             let display = status.display.unwrap_or_default();
             // The spec decides the mode; the status says so once the hub has seen it.
             let mode = status.mode.unwrap_or_else(|| c.spec.mode());
+            let ws = c.namespace().unwrap_or_else(|| workspace.to_string());
+            let ns = names::cluster_namespace(&ws, &c.name_any());
             ClusterRow {
                 name: c.name_any(),
                 mode: mode.to_string(),
                 state: display.state,
-                bundles_ready: display.ready_bundles,
+                bundles_ready: ready_in(&ns, deployments),
                 namespace: status.namespace.unwrap_or_default(),
             }
         })
