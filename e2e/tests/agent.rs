@@ -1279,3 +1279,53 @@ async fn a_rotation_writes_the_copy_before_the_bundle_deployment_naming_it() {
         ws.ns, held[0], after.spec.deployment_id
     );
 }
+
+/// Removing one `downstreamResources` entry removes that copy downstream and nothing else
+/// (issue 22: proven for a Secret and a ConfigMap, not only on the hub).
+#[tokio::test]
+async fn removing_an_entry_removes_exactly_that_copy_downstream() {
+    let ws = Workspace::new(shared_env(2).await, "agent-entry").await;
+    let target_ns = unique_name("entry");
+    ws.source_secret("db-creds", &[("password", "p1")]).await;
+    ws.source_config_map("app-config", &[("mode", "fast")])
+        .await;
+    let _agent = ws.agent("east", &downstream_name(1)).await;
+    ws.bundle("app", fixture::app_bundle(&["east"], &target_ns))
+        .await;
+    ws.ready("east", "app").await;
+    let down = ws.downstream(&downstream_name(1)).await;
+    let secrets: Api<Secret> = Api::namespaced(down.clone(), &target_ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(down, &target_ns);
+    assert!(secrets.get_opt("db-creds").await.unwrap().is_some());
+    assert!(config_maps.get_opt("app-config").await.unwrap().is_some());
+
+    let with_entries = |entries: Value| {
+        let mut spec = fixture::app_bundle(&["east"], &target_ns);
+        spec["downstreamResources"] = entries;
+        spec
+    };
+    // The Secret entry goes: the Secret copy goes downstream, the ConfigMap stays.
+    ws.bundle(
+        "app",
+        with_entries(json!([{"kind": "ConfigMap", "name": "app-config"}])),
+    )
+    .await;
+    wait_gone(&secrets, "db-creds", "the Secret copy removed downstream").await;
+    ws.ready("east", "app").await;
+    stays(
+        "the ConfigMap copy and the manifest",
+        Duration::from_secs(3),
+        &(true, true),
+        || async {
+            (
+                config_maps.get_opt("app-config").await.unwrap().is_some(),
+                config_maps.get_opt("app-settings").await.unwrap().is_some(),
+            )
+        },
+    )
+    .await;
+    // The ConfigMap entry goes too: its copy goes, the manifest stays.
+    ws.bundle("app", with_entries(json!([]))).await;
+    wait_gone(&config_maps, "app-config", "the ConfigMap copy removed downstream").await;
+    assert!(config_maps.get_opt("app-settings").await.unwrap().is_some());
+}

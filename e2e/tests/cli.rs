@@ -180,8 +180,24 @@ async fn cluster_add_registers_and_prints_working_agent_manifests() {
 #[tokio::test]
 async fn cluster_add_rejects_a_bad_name_before_touching_the_hub() {
     let env = shared_env(1).await;
+    // A hub nobody answers at: the message can only come from the CLI's own check (the
+    // apiserver's CEL rule says the same words).
+    let kc = env
+        .state_dir()
+        .join(format!("{}.kubeconfig", unique_name("unreachable")));
+    let closed = tender_e2e::free_port().unwrap();
+    std::fs::write(
+        &kc,
+        tender_e2e::kubeconfig_yaml(
+            HUB,
+            &format!("https://127.0.0.1:{closed}"),
+            env.ca_pem(),
+            "nobody",
+            "no-token",
+        ),
+    )
+    .unwrap();
     let out = tokio::task::spawn_blocking({
-        let kc = env.cluster(HUB).kubeconfig.clone();
         move || {
             Command::new(tender_bin())
                 .args(["cluster", "add", "Not_A_Label", "-n", "tender-default"])
@@ -194,7 +210,12 @@ async fn cluster_add_rejects_a_bad_name_before_touching_the_hub() {
     .await
     .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("must be a DNS label"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("must be a DNS label"), "{stderr}");
+    assert!(
+        !stderr.contains("onnect"),
+        "the CLI tried the hub first: {stderr}"
+    );
 }
 
 /// `tender cluster add --local`: the hub as its own downstream in one command. The agent's

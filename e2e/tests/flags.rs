@@ -172,6 +172,8 @@ async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
             // Parsed by the binary (a value it refused would stop it); its effect is
             // e2e/tests/cluster_status.rs.
             "clusterRolloutSummaryDelaySeconds=7",
+            // Parsed by the binary; its effect is e2e/tests/hostile_hub_tenants.rs.
+            "maxCopiedBytesPerBundle=1048576",
         ],
     )
     .await;

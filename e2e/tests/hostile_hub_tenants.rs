@@ -2,7 +2,8 @@
 //! default): an agent's own hub credential, a hub tenant who may create namespaces, and a
 //! Bundle writer naming credentials the workspace holds. The hub decides where it writes from
 //! what only the hub decides (decision 73), writes only into namespaces it provably created
-//! (decision 74), and never copies a push kubeconfig or a ServiceAccount token (decision 75).
+//! (decision 74), never copies a push kubeconfig or a ServiceAccount token (decision 75), and
+//! bounds what one Bundle's copies hold on the hub (decision 80).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -18,10 +19,20 @@ use tender_types::{Bundle, BundleDeployment, Cluster, labels, names};
 
 /// Two workspaces served by one hub instance.
 async fn two_workspaces(env: &'static TestEnv, prefix: &str) -> (Workspace, Workspace, HubHandle) {
+    two_workspaces_with(env, prefix, |_| {}).await
+}
+
+/// Like [`two_workspaces`], the hub's configuration changed by `configure`.
+async fn two_workspaces_with(
+    env: &'static TestEnv,
+    prefix: &str,
+    configure: impl FnOnce(&mut tender_hub::HubConfig),
+) -> (Workspace, Workspace, HubHandle) {
     let a = Workspace::without_hub(env, &format!("{prefix}-a")).await;
     let b = Workspace::without_hub(env, &format!("{prefix}-b")).await;
     let mut config = hub_config(&a.ns);
     config.workspace_namespaces = vec![a.ns.clone(), b.ns.clone()];
+    configure(&mut config);
     let hub = start_hub(env, config).await.unwrap();
     (a, b, hub)
 }
@@ -396,6 +407,71 @@ async fn a_bundle_never_copies_a_push_kubeconfig_or_a_service_account_token() {
         Duration::from_secs(4),
         &Vec::<String>::new(),
         || async { written_into(&a.hub, &a.cluster_ns("pulled")).await.1 },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_bundle_cannot_fill_the_hubs_etcd_with_copies() {
+    let env = shared_env(1).await;
+    let (a, _b, _hub) = two_workspaces_with(env, "fill", |c| {
+        c.max_copied_bytes_per_bundle = 5_000;
+    })
+    .await;
+    for c in ["c1", "c2", "c3"] {
+        a.cluster(c).await;
+    }
+    // 2 000 bytes of content: one cluster's copy fits the limit, three do not.
+    let big = "x".repeat(2_000 - "blob".len());
+    a.source_secret("blob", &[("blob", &big)]).await;
+    a.bundle("fill", copying_bundle("c1", "blob")).await;
+    eventually("c1's copy", WAIT, || async {
+        Ok::<_, kube::Error>(
+            (written_into(&a.hub, &a.cluster_ns("c1")).await.1.len() == 1).then_some(()),
+        )
+    })
+    .await;
+
+    a.bundle(
+        "fill",
+        json!({
+            "targets": [{"clusterName": "c1"}, {"clusterName": "c2"}, {"clusterName": "c3"}],
+            "defaultNamespace": "app",
+            "downstreamResources": [{"kind": "Secret", "name": "blob"}],
+        }),
+    )
+    .await;
+    let bundles: Api<Bundle> = Api::namespaced(a.hub.clone(), &a.ns);
+    let copied = eventually("the Bundle names the limit", WAIT, || async {
+        let b = bundles.get("fill").await?;
+        Ok::<_, kube::Error>(b.status.and_then(|s| {
+            find_condition(
+                &s.conditions,
+                tender_types::conditions::TYPE_RESOURCES_COPIED,
+            )
+            .filter(|c| c.reason == reason::COPY_LIMIT_EXCEEDED)
+            .cloned()
+        }))
+    })
+    .await;
+    assert_eq!(copied.status, "False");
+    assert!(
+        copied.message.contains("6000 bytes") && copied.message.contains("5000"),
+        "{}",
+        copied.message
+    );
+    // Nothing new is written; what c1 had stays.
+    stays(
+        "copies in c1, c2 and c3's namespaces",
+        Duration::from_secs(4),
+        &(1, 0, 0),
+        || async {
+            (
+                written_into(&a.hub, &a.cluster_ns("c1")).await.1.len(),
+                written_into(&a.hub, &a.cluster_ns("c2")).await.1.len(),
+                written_into(&a.hub, &a.cluster_ns("c3")).await.1.len(),
+            )
+        },
     )
     .await;
 }

@@ -110,8 +110,9 @@ pub(crate) struct Ctx {
     pub exec: Executor,
     pub stores: Stores,
     pub sources: SourceIndex,
-    /// Content hash of a source at a resourceVersion, so an unchanged source is not re-read.
-    pub source_hashes: Mutex<HashMap<SourceId, (String, String)>>,
+    /// Content hash and size of a source at a resourceVersion, so an unchanged source is not
+    /// re-read.
+    pub source_hashes: Mutex<HashMap<SourceId, (String, String, usize)>>,
     /// Clusters (workspace, name) whose namespace and RBAC this process has verified, by uid
     /// and mode.
     pub provisioned: Mutex<HashMap<(String, String), (String, tender_types::ClusterMode)>>,

@@ -52,6 +52,10 @@ pub const DEFAULT_CLUSTER_SUMMARY_DELAY: Duration = Duration::from_secs(5);
 /// BundleDeployments rolls out, by default (decision 66).
 pub const DEFAULT_CLUSTER_ROLLOUT_SUMMARY_DELAY: Duration = Duration::from_secs(30);
 
+/// Default of [`HubConfig::max_copied_bytes_per_bundle`]: 256 MiB (a 100 KiB Secret copied to
+/// 2 500 clusters), an eighth of etcd's default 2 GiB quota.
+pub const DEFAULT_MAX_COPIED_BYTES_PER_BUNDLE: usize = 256 << 20;
+
 /// What one hub instance does.
 #[derive(Debug, Clone)]
 pub struct HubConfig {
@@ -70,6 +74,9 @@ pub struct HubConfig {
     pub push: push::PushConfig,
     /// Reverse sync: largest placeholder content (keys + values) the hub publishes.
     pub upstream_max_bytes: usize,
+    /// Most bytes of content one Bundle's copies may hold on the hub, every cluster's copy
+    /// counted (`--max-copied-bytes-per-bundle`).
+    pub max_copied_bytes_per_bundle: usize,
     /// Kinds `downstreamResources` may name (`--copyable-kinds`). Secrets and ConfigMaps are
     /// copied as themselves; every other kind travels in a carrier Secret and never comes alive
     /// on the hub.
@@ -97,6 +104,7 @@ impl Default for HubConfig {
             instance: "tender-hub".to_string(),
             push: push::PushConfig::default(),
             upstream_max_bytes: tender_types::upstream::DEFAULT_MAX_BYTES,
+            max_copied_bytes_per_bundle: DEFAULT_MAX_COPIED_BYTES_PER_BUNDLE,
             copyable_kinds: tender_types::copy::CopyableKind::parse_list(
                 tender_types::copy::DEFAULT_COPYABLE_KINDS,
             )

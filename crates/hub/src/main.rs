@@ -80,6 +80,10 @@ struct Args {
     /// Largest placeholder content (bytes of keys and values) published by reverse sync.
     #[arg(long, env = "TENDER_UPSTREAM_MAX_BYTES", default_value_t = tender_types::upstream::DEFAULT_MAX_BYTES)]
     upstream_max_bytes: usize,
+    /// Most bytes of content one Bundle's copies may hold on the hub, every cluster's copy
+    /// counted; over it nothing new is written for the Bundle (`CopyLimitExceeded`).
+    #[arg(long, env = "TENDER_MAX_COPIED_BYTES_PER_BUNDLE", default_value_t = tender_hub::DEFAULT_MAX_COPIED_BYTES_PER_BUNDLE)]
+    max_copied_bytes_per_bundle: usize,
     /// Kinds Bundles may copy downstream, comma-separated `<apiVersion>/<Kind>` (e.g.
     /// `v1/Secret,v1/ConfigMap,kyverno.io/v1/ClusterPolicy`). Kinds other than Secret and
     /// ConfigMap travel inside carrier Secrets and are never instantiated on the hub.
@@ -149,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
             ..Default::default()
         },
         upstream_max_bytes: args.upstream_max_bytes,
+        max_copied_bytes_per_bundle: args.max_copied_bytes_per_bundle,
         shard_id: args.shard_id,
         copyable_kinds: tender_types::copy::CopyableKind::parse_list(&args.copyable_kinds)
             .map_err(anyhow::Error::msg)

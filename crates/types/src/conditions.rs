@@ -92,6 +92,9 @@ pub mod reason {
     pub const WAIT_APPLIED: &str = "WaitApplied";
     /// Rollout is paused (Bundle, Cluster or BundleDeployment).
     pub const PAUSED: &str = "Paused";
+    /// A Bundle's copies, every targeted cluster's counted, would hold more bytes on the hub
+    /// than the hub allows (`--max-copied-bytes-per-bundle`).
+    pub const COPY_LIMIT_EXCEEDED: &str = "CopyLimitExceeded";
     /// A `downstreamResources` source exists but is never copied: a Secret a Cluster names
     /// as its kubeconfig, or a ServiceAccount token (decision 75).
     pub const SOURCE_REFUSED: &str = "SourceRefused";

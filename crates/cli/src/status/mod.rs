@@ -130,7 +130,11 @@ pub async fn run(args: Args) -> Result<()> {
 
 /// The label selector of every BundleDeployment of workspace `ws`'s Bundles.
 pub fn workspace_selector(ws: &str) -> String {
-    format!("{}={}", labels::BUNDLE_NAMESPACE, labels::safe_label_value(ws))
+    format!(
+        "{}={}",
+        labels::BUNDLE_NAMESPACE,
+        labels::safe_label_value(ws)
+    )
 }
 
 /// One line per HelmOp, Bundle and Cluster, `kubectl get`-style (the table of

@@ -150,7 +150,11 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     ) {
         // Never untarget on a selector we cannot evaluate: leave everything as it is.
         Err(error) => facts.targeting_error = Some(error.to_string()),
-        Ok(plan) => {
+        Ok(mut plan) => {
+            let limit = ctx.config.max_copied_bytes_per_bundle;
+            if plan.hold_copies_over(limit) {
+                facts.copy_limit = Some((plan.copied_bytes, limit));
+            }
             let by_ns: HashMap<String, Arc<BundleDeployment>> = existing
                 .iter()
                 .map(|bd| (bd.namespace().unwrap_or_default(), bd.clone()))

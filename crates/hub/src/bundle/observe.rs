@@ -170,10 +170,13 @@ pub(crate) async fn source_state(
         return Ok(SourceState::Missing);
     };
     let id = (ns.to_string(), kind.clone(), name.clone());
-    if let Some((seen_rv, hash)) = ctx.source_hashes.lock().expect("lock").get(&id)
+    if let Some((seen_rv, hash, bytes)) = ctx.source_hashes.lock().expect("lock").get(&id)
         && Some(seen_rv) == rv.as_ref()
     {
-        return Ok(SourceState::Found { hash: hash.clone() });
+        return Ok(SourceState::Found {
+            hash: hash.clone(),
+            bytes: *bytes,
+        });
     }
     let Some((object, hash, rv)) = fetch_source(ctx, ns, kind, name).await? else {
         return Ok(SourceState::Missing);
@@ -184,12 +187,36 @@ pub(crate) async fn source_state(
         // Not remembered: a refused source is read again, it is never copied.
         return Ok(SourceState::Refused);
     }
+    let bytes = content_bytes(&object);
     ctx.source_hashes
         .lock()
         .expect("lock")
-        .insert(id, (rv, hash.clone()));
+        .insert(id, (rv, hash.clone(), bytes));
     fetched.insert(key.clone(), object);
-    Ok(SourceState::Found { hash })
+    Ok(SourceState::Found { hash, bytes })
+}
+
+/// Bytes of content a copy of `object` holds: keys and values of a Secret's or ConfigMap's
+/// data, the serialised object of any other kind (its carrier's content).
+fn content_bytes(object: &SourceObject) -> usize {
+    fn entries<V>(
+        map: Option<&std::collections::BTreeMap<String, V>>,
+        len: fn(&V) -> usize,
+    ) -> usize {
+        map.into_iter()
+            .flatten()
+            .map(|(k, v)| k.len() + len(v))
+            .sum()
+    }
+    match object {
+        SourceObject::Secret(s) => {
+            entries(s.data.as_ref(), |v| v.0.len()) + entries(s.string_data.as_ref(), String::len)
+        }
+        SourceObject::ConfigMap(c) => {
+            entries(c.data.as_ref(), String::len) + entries(c.binary_data.as_ref(), |v| v.0.len())
+        }
+        SourceObject::Carried(v) => v.to_string().len(),
+    }
 }
 
 /// The type of the Secrets the token controller fills with a ServiceAccount's token.

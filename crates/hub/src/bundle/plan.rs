@@ -30,6 +30,8 @@ pub enum SourceState {
     Found {
         /// [`tender_types::hash::secret_hash`] or [`tender_types::hash::config_map_hash`].
         hash: String,
+        /// Bytes of content one copy of it holds on the hub.
+        bytes: usize,
     },
     /// No such object in the Bundle's namespace.
     Missing,
@@ -73,6 +75,8 @@ pub struct DesiredCopy {
     pub source: String,
     /// Name of the copy in the cluster namespace ([`names::copy_name`]).
     pub copy_name: String,
+    /// Bytes of content the copy holds.
+    pub bytes: usize,
     /// Content hash of the source.
     pub hash: String,
 }
@@ -122,6 +126,8 @@ pub struct Plan {
     pub copy_disabled: bool,
     /// Number of copies across all deployments.
     pub copies: usize,
+    /// Bytes of content those copies hold on the hub (each copy counted).
+    pub copied_bytes: usize,
     /// The Bundle's manifests, the same in every BundleDeployment.
     pub resources: Vec<Manifest>,
     /// The Bundle's Helm options, the same in every BundleDeployment.
@@ -129,6 +135,20 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Holds every deployment back (nothing new written, what exists stays) when the copies
+    /// would hold more than `limit` bytes on the hub (`--max-copied-bytes-per-bundle`):
+    /// per-cluster copies live outside any quota of the hub's etcd. `true` when held.
+    pub fn hold_copies_over(&mut self, limit: usize) -> bool {
+        if self.copied_bytes <= limit {
+            return false;
+        }
+        for d in &mut self.deployments {
+            d.spec = None;
+            d.copies.clear();
+        }
+        true
+    }
+
     /// The whole spec to write for `d`, made when it is written (`None` while it is blocked).
     pub fn spec(&self, d: &DesiredDeployment) -> Option<BundleDeploymentSpec> {
         let s = d.spec.as_ref()?;
@@ -221,7 +241,8 @@ pub fn plan(
                 // Any kind but a Secret/ConfigMap travels in a carrier Secret.
                 let kind = source_kind.source_kind().unwrap_or(SourceKind::Secret);
                 match sources.get(&(source_kind.clone(), entry.name.clone())) {
-                    Some(SourceState::Found { hash }) => copies.push(DesiredCopy {
+                    Some(SourceState::Found { hash, bytes }) => copies.push(DesiredCopy {
+                        bytes: *bytes,
                         kind,
                         source_kind: source_kind.clone(),
                         source: entry.name.clone(),
@@ -281,6 +302,7 @@ pub fn plan(
             options,
         };
         plan.copies += copies.len();
+        plan.copied_bytes += copies.iter().map(|c| c.bytes).sum::<usize>();
         plan.deployments.push(DesiredDeployment {
             cluster: m.cluster,
             namespace: namespace.to_string(),

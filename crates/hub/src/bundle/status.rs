@@ -182,6 +182,8 @@ pub struct BundleFacts {
     pub matched: usize,
     /// Missing sources (`Kind/name`), sorted.
     pub missing: Vec<String>,
+    /// The Bundle's copies would hold (bytes, limit) over `--max-copied-bytes-per-bundle`.
+    pub copy_limit: Option<(usize, usize)>,
     /// Sources never copied (`Kind/name`): Secrets a Cluster names, ServiceAccount tokens.
     pub refused: Vec<String>,
     /// Unsupported entries (`Kind/name`), sorted.
@@ -218,6 +220,14 @@ pub fn bundle_status(
             format!(
                 "not found in the Bundle's namespace: {}; nothing is written for the clusters that need them until they exist",
                 facts.missing.join(", ")
+            ),
+        )
+    } else if let Some((bytes, limit)) = facts.copy_limit {
+        (
+            false,
+            reason::COPY_LIMIT_EXCEEDED,
+            format!(
+                "the copies for every targeted cluster would hold {bytes} bytes on the hub, over the hub's limit of {limit} (--max-copied-bytes-per-bundle); nothing new is written, what is deployed stays"
             ),
         )
     } else if !facts.refused.is_empty() {

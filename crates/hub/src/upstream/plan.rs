@@ -521,7 +521,12 @@ mod tests {
     fn entries_default_to_the_deployment_namespace() {
         let e = entry();
         assert_eq!(e.namespace, "apps");
-        assert_eq!(e.published, "vpc-east-peering");
+        assert_eq!(e.published, names::upstream_name("vpc", "east", "peering"));
+        assert!(
+            e.published.starts_with("vpc-east-peering-"),
+            "{}",
+            e.published
+        );
         assert!(e.placeholder.starts_with("vpc-upstream-secret-peering-"));
     }
 
@@ -556,7 +561,7 @@ mod tests {
         let [Op::Apply(a)] = ops.as_slice() else {
             panic!("{ops:?}")
         };
-        assert_eq!(a.key.name, "vpc-east-peering");
+        assert_eq!(a.key.name, names::upstream_name("vpc", "east", "peering"));
         let labels = &a.body["metadata"]["labels"];
         assert_eq!(labels["team"], "net");
         assert_eq!(labels[labels::UPSTREAM], "published");

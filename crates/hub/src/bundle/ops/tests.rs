@@ -38,6 +38,7 @@ fn copy_of(source: &str) -> DesiredCopy {
         source: source.into(),
         copy_name: names::copy_name("app", "Secret", source),
         hash: "h1".into(),
+        bytes: 10,
     }
 }
 
@@ -317,6 +318,7 @@ fn another_kind_travels_in_a_carrier_secret_with_its_content_hash() {
         source: "p".into(),
         copy_name: "app-clusterpolicy-p-1234".into(),
         hash: hash::carried_hash(&policy),
+        bytes: 10,
     };
     let owner = copy_owner("app", "bd-uid".into());
     let bd_labels = owned_labels("ws", "app", "east", "cluster-ns", None);

@@ -66,7 +66,10 @@ fn spec_with_selector(sel: LabelSelector) -> BundleSpec {
 }
 
 fn found(hash: &str) -> SourceState {
-    SourceState::Found { hash: hash.into() }
+    SourceState::Found {
+        hash: hash.into(),
+        bytes: 10,
+    }
 }
 
 fn all_sources() -> BTreeMap<SourceKey, SourceState> {
@@ -456,5 +459,26 @@ fn fan_out_options_follow_the_target_overrides() {
     assert_eq!(
         opts("c1").target_namespace_selector,
         Some(selector(&[("team", "x")]))
+    );
+}
+
+#[test]
+fn copies_over_the_byte_limit_hold_every_deployment_back() {
+    let mut plan = Plan {
+        copied_bytes: 2_000,
+        deployments: vec![DesiredDeployment {
+            cluster: "east".into(),
+            namespace: "ns".into(),
+            spec: None,
+            copies: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    assert!(!plan.hold_copies_over(2_000), "at the limit is allowed");
+    assert!(plan.hold_copies_over(1_999));
+    assert!(
+        plan.deployments
+            .iter()
+            .all(|d| d.spec.is_none() && d.copies.is_empty())
     );
 }
