@@ -27,6 +27,10 @@ use crate::{ADMIN_USER, HUB, TestEnv, eventually, unique_name};
 /// Ready, a Secret changed) before failing the test.
 pub const WAIT: Duration = Duration::from_secs(60);
 
+/// Longer than two of the agent's conflict re-checks (every 30 s): an object tender must not
+/// touch is watched across both, not sampled once.
+pub const CONFLICT_RECHECKS: Duration = Duration::from_secs(65);
+
 /// The field manager the fixtures apply source objects and Bundles with.
 const FIELD_MANAGER: &str = "e2e";
 

@@ -731,15 +731,25 @@ async fn two_bundles_claiming_one_object_conflict_and_the_first_keeps_it() {
     assert_eq!(state_of(&bd, "shared"), ObjectState::Conflict);
     assert!(cm(&down, &target, "second-only").await.is_some());
 
+    let version = cm(&down, &target, "shared")
+        .await
+        .and_then(|c| c.metadata.resource_version);
     stays(
-        "the first Bundle's object",
-        Duration::from_secs(3),
-        &(Some(shared.clone()), Some("first".to_string())),
+        "the first Bundle's object, across two of the agent's conflict re-checks",
+        tender_e2e::fixture::CONFLICT_RECHECKS,
+        &(
+            Some(shared.clone()),
+            Some("first".to_string()),
+            version.clone(),
+        ),
         || async {
             let c = cm(&down, &target, "shared").await;
             (
                 c.as_ref().and_then(|c| c.metadata.uid.clone()),
-                c.and_then(|c| c.data).and_then(|d| d.get("from").cloned()),
+                c.as_ref()
+                    .and_then(|c| c.data.as_ref())
+                    .and_then(|d| d.get("from").cloned()),
+                c.and_then(|c| c.metadata.resource_version),
             )
         },
     )
