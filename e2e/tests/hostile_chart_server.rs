@@ -93,16 +93,25 @@ fn bundle(cluster: &str, ns: &str, repo: &str, version: &str) -> Value {
 /// Waits for the `Deployed` condition's reason to be `want`; returns its message.
 async fn deployed_reason(ws: &Workspace, cluster: &str, want: &str) -> String {
     let api = ws.bds(cluster);
-    eventually(&format!("Deployed reason {want}"), WAIT, || async {
-        let bd = api.get_opt("app").await?;
-        Ok::<_, kube::Error>(bd.and_then(|bd| {
-            let s = bd.status?;
-            find_condition(&s.conditions, TYPE_DEPLOYED)
-                .filter(|c| c.reason == want)
-                .map(|c| c.message.clone())
-        }))
+    let last = std::sync::Mutex::new(String::new());
+    let found = tokio::time::timeout(
+        WAIT,
+        eventually(&format!("Deployed reason {want}"), WAIT * 2, || async {
+            let bd = api.get_opt("app").await?;
+            let deployed = bd
+                .and_then(|bd| bd.status)
+                .and_then(|s| find_condition(&s.conditions, TYPE_DEPLOYED).cloned());
+            *last.lock().unwrap() = format!("{deployed:?}");
+            Ok::<_, kube::Error>(deployed.filter(|c| c.reason == want).map(|c| c.message))
+        }),
+    )
+    .await;
+    found.unwrap_or_else(|_| {
+        panic!(
+            "no Deployed reason {want} within {WAIT:?}; last: {}",
+            last.lock().unwrap()
+        )
     })
-    .await
 }
 
 /// Deploys the good release 0.1.0 (`web-config`, `web-extra`) into a fresh namespace and
