@@ -5,6 +5,7 @@
 //! that must see no request), a `values.schema.json` whose `$ref` names a URL (a counting
 //! listener that must see no request), and a chart that renders more than the agent reads.
 //! Each is reported with its reason on the BundleDeployment, and the deployed release stays.
+//! The last test shows the pinned helm, run with the agent's environment, fetching nothing.
 
 use std::path::{Path, PathBuf};
 
@@ -300,4 +301,62 @@ async fn a_chart_rendering_beyond_the_limit_stops_helm() {
     );
     release_stays(&cms, "RenderedTooLarge").await;
     drop(agent);
+}
+
+/// The second fence, on the pinned helm itself: with the agent's environment for helm
+/// ([`tender_agent::helm::helm_env`]) a schema reference that passed the agent's check would
+/// still fetch nothing. `0.0.0.0` reaches the loopback listener directly but, not being a
+/// loopback address, is sent to the proxy (Go proxies every address but loopback ones —
+/// which is why the agent refuses such schemas before helm runs, above).
+#[tokio::test]
+async fn helm_renders_without_network() {
+    let helm = ensure_helm().expect("building helm");
+    let listener = RouteRepo::start().await.unwrap();
+    let port = listener.url.rsplit(':').next().unwrap().to_string();
+    let work = std::env::temp_dir().join(unique_name("tender-helm-no-network"));
+    let chart = work.join("c");
+    std::fs::create_dir_all(chart.join("templates")).unwrap();
+    std::fs::write(
+        chart.join("Chart.yaml"),
+        "apiVersion: v2\nname: c\nversion: 0.1.0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        chart.join("templates/cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\n",
+    )
+    .unwrap();
+    std::fs::write(
+        chart.join("values.schema.json"),
+        format!(r#"{{"properties": {{"a": {{"$ref": "http://0.0.0.0:{port}/s.json"}}}}}}"#),
+    )
+    .unwrap();
+    let template = |env: Vec<(String, String)>| {
+        let (helm, chart) = (helm.clone(), chart.clone());
+        async move {
+            let out = tokio::process::Command::new(helm)
+                .args(["template", "r"])
+                .arg(chart)
+                .envs(env)
+                .output()
+                .await
+                .unwrap();
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        }
+    };
+    // Without the agent's environment helm fetches the reference.
+    let stderr = template(Vec::new()).await;
+    assert!(listener.hits() > 0, "helm fetched the $ref: {stderr}");
+    let before = listener.hits();
+    let stderr = template(tender_agent::helm::helm_env(&work)).await;
+    assert_eq!(
+        listener.hits(),
+        before,
+        "nothing reached the listener: {stderr}"
+    );
+    assert!(
+        stderr.contains("proxyconnect"),
+        "the closed proxy refused it: {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&work);
 }
