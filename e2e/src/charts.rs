@@ -151,6 +151,21 @@ impl ChartRepo {
     }
 }
 
+/// The head of one HTTP/1.1 request, lowercased, and its path; `None` when the client left.
+async fn read_head(conn: &mut tokio::net::TcpStream) -> Option<(String, String)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
+        match conn.read(&mut chunk).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let head = String::from_utf8_lossy(&buf).to_lowercase();
+    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+    Some((head, path))
+}
+
 /// Answers one HTTP/1.1 request: 401 without the expected credentials, else the file or 404.
 async fn serve(
     mut conn: tokio::net::TcpStream,
@@ -158,16 +173,9 @@ async fn serve(
     refused: Arc<AtomicUsize>,
     expected: String,
 ) {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
-        match conn.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-    let head = String::from_utf8_lossy(&buf).to_lowercase();
-    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let Some((head, path)) = read_head(&mut conn).await else {
+        return;
+    };
     let authorized = head.lines().any(|l| l.trim() == expected);
     let (status, body) = if !authorized {
         refused.fetch_add(1, Ordering::SeqCst);
@@ -186,4 +194,129 @@ async fn serve(
     let _ = conn.write_all(head.as_bytes()).await;
     let _ = conn.write_all(&body).await;
     let _ = conn.shutdown().await;
+}
+
+/// Writes chart `name` at `version` under `work` with `files` (paths inside the chart, e.g.
+/// `templates/cm.yaml`) and packages it into `out`; returns the archive.
+pub fn package_chart(
+    helm: &Path,
+    work: &Path,
+    out: &Path,
+    name: &str,
+    version: &str,
+    files: &[(&str, &[u8])],
+) -> Result<Vec<u8>> {
+    let dir = work.join(format!("{name}-{version}")).join(name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::create_dir_all(out)?;
+    std::fs::write(
+        dir.join("Chart.yaml"),
+        format!("apiVersion: v2\nname: {name}\nversion: {version}\n"),
+    )?;
+    for (path, data) in files {
+        let file = dir.join(path);
+        std::fs::create_dir_all(file.parent().context("a file in a directory")?)?;
+        std::fs::write(file, data)?;
+    }
+    run_helm(helm, &["package", path_str(&dir)?, "-d", path_str(out)?])?;
+    Ok(std::fs::read(out.join(format!("{name}-{version}.tgz")))?)
+}
+
+/// An `index.yaml` listing chart `name` at each `(version, url)` (no digests: nothing is
+/// taken from the cache, every render downloads).
+pub fn index_yaml(name: &str, versions: &[(&str, &str)]) -> String {
+    let mut out = format!("apiVersion: v1\nentries:\n  {name}:\n");
+    for (version, url) in versions {
+        out.push_str(&format!(
+            "  - name: {name}\n    version: {version}\n    urls:\n    - {url}\n"
+        ));
+    }
+    out
+}
+
+/// What a [`RouteRepo`] answers for one path.
+#[derive(Clone, Debug)]
+pub enum Route {
+    /// 200 with this body.
+    Body(Vec<u8>),
+    /// 302 to this location.
+    Redirect(String),
+}
+
+/// A chart repository on loopback that answers each path from a table, without auth: the
+/// hostile server of the tests (oversized archives, redirects elsewhere). Every request it
+/// receives is counted.
+pub struct RouteRepo {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    routes: Arc<std::sync::Mutex<std::collections::BTreeMap<String, Route>>>,
+    hits: Arc<AtomicUsize>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RouteRepo {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+impl RouteRepo {
+    /// Serves no path yet (everything 404) on a free loopback port.
+    pub async fn start() -> Result<RouteRepo> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let routes = Arc::new(std::sync::Mutex::new(std::collections::BTreeMap::new()));
+        let hits = Arc::new(AtomicUsize::new(0));
+        let (table, count) = (routes.clone(), hits.clone());
+        let server = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let (table, count) = (table.clone(), count.clone());
+                tokio::spawn(async move {
+                    let Some((_, path)) = read_head(&mut conn).await else {
+                        return;
+                    };
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let route = table
+                        .lock()
+                        .expect("routes")
+                        .get(path.trim_start_matches('/'))
+                        .cloned();
+                    let (status, location, body) = match route {
+                        Some(Route::Body(b)) => ("200 OK", String::new(), b),
+                        Some(Route::Redirect(to)) => {
+                            ("302 Found", format!("Location: {to}\r\n"), Vec::new())
+                        }
+                        None => ("404 Not Found", String::new(), Vec::new()),
+                    };
+                    let head = format!(
+                        "HTTP/1.1 {status}\r\nContent-Length: {}\r\n{location}\
+                         Connection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = conn.write_all(head.as_bytes()).await;
+                    let _ = conn.write_all(&body).await;
+                    let _ = conn.shutdown().await;
+                });
+            }
+        });
+        Ok(RouteRepo {
+            url,
+            routes,
+            hits,
+            server,
+        })
+    }
+
+    /// Answers `path` (without the leading `/`) with `route` from now on.
+    pub fn route(&self, path: &str, route: Route) {
+        self.routes
+            .lock()
+            .expect("routes")
+            .insert(path.to_string(), route);
+    }
+
+    /// Requests received so far.
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
 }

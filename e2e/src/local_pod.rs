@@ -107,7 +107,8 @@ pub async fn local_pod(
         env.push((e.name.clone(), value));
     }
 
-    // Secret volumes become directories of files, one per key, like the kubelet mounts them.
+    // Secret volumes become directories of files, one per key, like the kubelet mounts them;
+    // emptyDir volumes empty directories.
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
     let mut mounts = Vec::new();
     for m in container.volume_mounts.iter().flatten() {
@@ -117,17 +118,22 @@ pub async fn local_pod(
             .flatten()
             .find(|v| v.name == m.name)
             .with_context(|| format!("volume {} is not defined", m.name))?;
+        let local = dir.join("volumes").join(&m.name);
+        fs::create_dir_all(&local)?;
+        // An emptyDir is an empty directory of the pod's own.
+        if volume.empty_dir.is_some() {
+            mounts.push((m.mount_path.trim_end_matches('/').to_string(), local));
+            continue;
+        }
         let secret_name = volume
             .secret
             .as_ref()
             .and_then(|s| s.secret_name.clone())
-            .with_context(|| format!("volume {} is not a Secret volume", m.name))?;
+            .with_context(|| format!("volume {} is not a Secret or emptyDir volume", m.name))?;
         let secret = secrets
             .get(&secret_name)
             .await
             .with_context(|| format!("reading Secret {namespace}/{secret_name}"))?;
-        let local = dir.join("volumes").join(&m.name);
-        fs::create_dir_all(&local)?;
         for (key, value) in secret.data.unwrap_or_default() {
             fs::write(local.join(&key), &value.0)?;
         }

@@ -39,6 +39,8 @@ pub struct AgentConfig {
     pub chart_cache_dir: std::path::PathBuf,
     /// The downstream owner's policy: namespaces it may write to, kinds it refuses.
     pub policy: crate::policy::Policy,
+    /// Bounds on what one chart source can make the agent read, keep and render.
+    pub chart_limits: ChartLimits,
 }
 
 impl AgentConfig {
@@ -62,6 +64,89 @@ impl AgentConfig {
             helm_path: "helm".into(),
             chart_cache_dir: std::env::temp_dir().join("tender-charts"),
             policy: crate::policy::Policy::default(),
+            chart_limits: ChartLimits::default(),
+        }
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Bounds on the work a chart source (a Bundle writer's `spec.helm`) can cause: bytes read per
+/// response, bytes of `helm template` output, bytes of the chart cache, and where redirects
+/// may go (decision 76).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChartLimits {
+    /// Largest chart archive (an HTTP repository's `.tgz` or an OCI chart layer).
+    pub max_chart_bytes: u64,
+    /// Largest `index.yaml` of an HTTP chart repository.
+    pub max_index_bytes: u64,
+    /// Largest OCI manifest, token response, and tag list (all pages together).
+    pub max_manifest_bytes: u64,
+    /// Largest output of `helm template`; helm is stopped when it prints more.
+    pub max_rendered_bytes: u64,
+    /// Size of the chart cache; least recently used archives are evicted beyond it.
+    pub cache_max_bytes: u64,
+    /// Hosts a redirect may leave the repository's origin for (`https://` only).
+    pub redirect_hosts: Vec<String>,
+}
+
+/// The defaults, in line with Helm's own bounds (a chart file of 5 MiB, 100 MiB unpacked)
+/// and the agent pod's 256 Mi memory limit.
+const D: ChartLimits = ChartLimits {
+    max_chart_bytes: 20 * MIB,
+    max_index_bytes: 32 * MIB,
+    max_manifest_bytes: 4 * MIB,
+    max_rendered_bytes: 16 * MIB,
+    cache_max_bytes: 256 * MIB,
+    redirect_hosts: Vec::new(),
+};
+
+impl Default for ChartLimits {
+    fn default() -> Self {
+        D
+    }
+}
+
+/// The [`ChartLimits`] as flags, shared by `tender-agent` and `tender-hub` (push mode runs
+/// this library inside the hub).
+#[derive(clap::Args, Clone, Debug)]
+pub struct ChartLimitFlags {
+    /// Largest chart archive downloaded, in bytes (`ChartTooLarge` beyond it).
+    #[arg(long, env = "TENDER_MAX_CHART_BYTES", default_value_t = D.max_chart_bytes)]
+    pub max_chart_bytes: u64,
+    /// Largest chart repository index.yaml read, in bytes (`ChartTooLarge` beyond it).
+    #[arg(long, env = "TENDER_MAX_INDEX_BYTES", default_value_t = D.max_index_bytes)]
+    pub max_index_bytes: u64,
+    /// Largest OCI manifest, token response or tag list (all pages) read, in bytes.
+    #[arg(long, env = "TENDER_MAX_MANIFEST_BYTES", default_value_t = D.max_manifest_bytes)]
+    pub max_manifest_bytes: u64,
+    /// Largest `helm template` output read, in bytes; helm is stopped beyond it
+    /// (`RenderedTooLarge`).
+    #[arg(long, env = "TENDER_MAX_RENDERED_BYTES", default_value_t = D.max_rendered_bytes)]
+    pub max_rendered_bytes: u64,
+    /// Size of the chart cache in bytes; least recently used archives are evicted beyond it.
+    #[arg(long, env = "TENDER_CHART_CACHE_MAX_BYTES", default_value_t = D.cache_max_bytes)]
+    pub chart_cache_max_bytes: u64,
+    /// Hosts a chart repository or registry may redirect to besides its own origin
+    /// (comma-separated; `https://` targets only), e.g. a registry's blob storage.
+    #[arg(long, env = "TENDER_CHART_REDIRECT_HOSTS", value_delimiter = ',')]
+    pub chart_redirect_hosts: Vec<String>,
+}
+
+impl From<ChartLimitFlags> for ChartLimits {
+    fn from(f: ChartLimitFlags) -> Self {
+        Self {
+            max_chart_bytes: f.max_chart_bytes,
+            max_index_bytes: f.max_index_bytes,
+            max_manifest_bytes: f.max_manifest_bytes,
+            max_rendered_bytes: f.max_rendered_bytes,
+            cache_max_bytes: f.chart_cache_max_bytes,
+            redirect_hosts: f
+                .chart_redirect_hosts
+                .into_iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
         }
     }
 }

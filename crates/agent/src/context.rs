@@ -87,6 +87,7 @@ impl Context {
             charts: crate::helm::Charts::new(
                 config.helm_path.clone(),
                 config.chart_cache_dir.clone(),
+                config.chart_limits.clone(),
             ),
             down_writer,
             hub_writer,

@@ -68,7 +68,8 @@ mod sync;
 mod upstream;
 
 pub use config::{
-    AgentConfig, DEFAULT_CLUSTER_STATUS_INTERVAL, DEFAULT_HEARTBEAT_INTERVAL, VERSION,
+    AgentConfig, ChartLimitFlags, ChartLimits, DEFAULT_CLUSTER_STATUS_INTERVAL,
+    DEFAULT_HEARTBEAT_INTERVAL, VERSION,
 };
 pub use metrics::AgentMetrics;
 

@@ -92,6 +92,9 @@ struct Args {
         default_values_t = tender_agent::policy::DEFAULT_REFUSED_KINDS.iter().map(ToString::to_string)
     )]
     refused_kinds: Vec<String>,
+    /// Bounds on chart sources (docs/helm.md, "Limits").
+    #[command(flatten)]
+    chart_limits: tender_agent::ChartLimitFlags,
 }
 
 #[tokio::main]
@@ -116,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
     config.cluster_status_interval = Duration::from_secs(args.cluster_status_seconds);
     config.identity = args.identity;
     config.helm_path = args.helm_path;
+    config.chart_limits = args.chart_limits.into();
     if let Some(dir) = args.chart_cache_dir {
         config.chart_cache_dir = dir;
     }

@@ -90,7 +90,7 @@ fn short(id: &str) -> &str {
 /// Reasons an object's error message may start with (`Reason: ...`), which then become the
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
 /// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered.
-const SPECIFIC_ERRORS: [&str; 9] = [
+const SPECIFIC_ERRORS: [&str; 13] = [
     reason::KIND_NOT_INSTALLED,
     reason::NAMESPACE_TERMINATING,
     reason::CHART_REPOSITORY_UNREACHABLE,
@@ -98,6 +98,10 @@ const SPECIFIC_ERRORS: [&str; 9] = [
     reason::CHART_VERSION_NOT_FOUND,
     reason::CHART_DIGEST_MISMATCH,
     reason::CHART_RENDER_FAILED,
+    reason::CHART_TOO_LARGE,
+    reason::RENDERED_TOO_LARGE,
+    reason::CHART_REDIRECT_REFUSED,
+    reason::CHART_SCHEMA_REFUSED,
     reason::VALUES_FROM_MISSING,
     reason::VALUES_INVALID,
 ];

@@ -89,6 +89,9 @@ struct Args {
     /// ConfigMap travel inside carrier Secrets and are never instantiated on the hub.
     #[arg(long, env = "TENDER_COPYABLE_KINDS", default_value = tender_types::copy::DEFAULT_COPYABLE_KINDS)]
     copyable_kinds: String,
+    /// Bounds on the chart sources of push clusters' in-hub agents (the agent's flags).
+    #[command(flatten)]
+    chart_limits: tender_agent::ChartLimitFlags,
 }
 
 fn parse_shard_id(id: &str) -> Result<String, String> {
@@ -150,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
         push: tender_hub::push::PushConfig {
             allow_kubeconfig_exec: args.allow_kubeconfig_exec,
             probe_interval: std::time::Duration::from_secs(args.push_probe_seconds.max(1)),
+            chart_limits: args.chart_limits.into(),
             ..Default::default()
         },
         upstream_max_bytes: args.upstream_max_bytes,

@@ -67,6 +67,16 @@ pub mod reason {
     pub const CHART_DIGEST_MISMATCH: &str = "ChartDigestMismatch";
     /// `helm template` failed (its message, never the values).
     pub const CHART_RENDER_FAILED: &str = "ChartRenderFailed";
+    /// A chart archive, repository index, OCI tag list or manifest is larger than the agent's
+    /// limit (`--max-chart-bytes`, `--max-index-bytes`, `--max-manifest-bytes`).
+    pub const CHART_TOO_LARGE: &str = "ChartTooLarge";
+    /// `helm template` printed more than the agent's `--max-rendered-bytes`; helm was stopped.
+    pub const RENDERED_TOO_LARGE: &str = "RenderedTooLarge";
+    /// The chart repository or registry redirected to another origin than its own.
+    pub const CHART_REDIRECT_REFUSED: &str = "ChartRedirectRefused";
+    /// A chart's `values.schema.json` refers to a document outside itself (`$ref`, `$id` or
+    /// `$schema` with a URL), which helm would fetch from the agent's network.
+    pub const CHART_SCHEMA_REFUSED: &str = "ChartSchemaRefused";
     /// A `valuesFrom` object or key (or the `helmSecretName` Secret) is missing downstream.
     pub const VALUES_FROM_MISSING: &str = "ValuesFromMissing";
     /// A `valuesFrom` key does not hold a YAML map.

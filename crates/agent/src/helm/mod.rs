@@ -6,21 +6,25 @@
 //! basic-auth header (or buy a registry's bearer token), and neither appears in logs, events,
 //! status or the chart cache.
 
+mod cache;
 mod fetch;
 mod oci;
 mod render;
+mod schema;
 mod values;
 
+pub use cache::{CacheEntry, evictions};
 pub use fetch::{ChartEntry, select_version};
 pub use oci::{
     Challenge, OciRef, chart_layer_digest, docker_config_credentials, parse_challenge,
     parse_reference, select_tag, version_tag,
 };
-pub use render::{parse_rendered, redact, render_args};
+pub use render::{helm_env, parse_rendered, redact, render_args};
+pub use schema::{external_references, reference_allowed};
 pub(crate) use values::pending_copy;
 pub use values::{ObjectData, ValueSource, merge_sources, needed_sources};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -32,6 +36,7 @@ use tender_types::conditions::reason;
 use tender_types::hash::value_hash;
 use tender_types::{HelmOptions, Manifest, ObjectRef};
 
+use crate::config::ChartLimits;
 use crate::downstream::Downstream;
 use crate::plan::{self, Planned};
 
@@ -74,23 +79,55 @@ pub fn chart_key(helm: &HelmOptions, release: &str, namespace: &str) -> ObjectRe
     )
 }
 
-/// The agent's charts: the helm binary, the chart cache and the last render of each
-/// BundleDeployment (so drift passes do not fetch or render again).
+/// The agent's charts: the helm binary, the chart cache, the limits, the archives whose
+/// schemas were checked and the last render of each BundleDeployment (so drift passes do not
+/// fetch or render again).
 pub(crate) struct Charts {
     helm: PathBuf,
-    cache_dir: PathBuf,
+    cache: cache::Cache,
     http: fetch::Http,
+    limits: ChartLimits,
+    schemas_checked: Mutex<HashSet<PathBuf>>,
     renders: Mutex<HashMap<String, (String, Vec<Manifest>)>>,
 }
 
 impl Charts {
-    pub(crate) fn new(helm: PathBuf, cache_dir: PathBuf) -> Self {
+    pub(crate) fn new(helm: PathBuf, cache_dir: PathBuf, limits: ChartLimits) -> Self {
         Self {
             helm,
-            cache_dir,
-            http: fetch::Http::new(),
+            cache: cache::Cache::new(cache_dir, limits.cache_max_bytes),
+            http: fetch::Http::new(limits.redirect_hosts.clone()),
+            limits,
+            schemas_checked: Mutex::new(HashSet::new()),
             renders: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Refuses an archive whose `values.schema.json` refers outside itself (once per archive:
+    /// archives are named by their digest).
+    async fn check_schemas(&self, chart: &std::path::Path, name: &str) -> Result<(), ChartFailure> {
+        if self
+            .schemas_checked
+            .lock()
+            .expect("schema memo")
+            .contains(chart)
+        {
+            return Ok(());
+        }
+        let (path, name) = (chart.to_path_buf(), name.to_string());
+        tokio::task::spawn_blocking(move || schema::check_archive(&path, &name))
+            .await
+            .map_err(|e| {
+                ChartFailure::new(
+                    reason::CHART_RENDER_FAILED,
+                    format!("reading the chart: {e}"),
+                )
+            })??;
+        self.schemas_checked
+            .lock()
+            .expect("schema memo")
+            .insert(chart.to_path_buf());
+        Ok(())
     }
 
     /// The rendered objects of `helm` for BundleDeployment `bd`, release namespace `namespace`.
@@ -133,13 +170,14 @@ impl Charts {
         let work = async {
             let chart = if helm.is_oci() {
                 self.http
-                    .fetch_oci(&self.cache_dir, helm, auth.as_ref())
+                    .fetch_oci(&self.cache, helm, auth.as_ref(), &self.limits)
                     .await?
             } else {
                 self.http
-                    .fetch_chart(&self.cache_dir, helm, auth.as_ref())
+                    .fetch_chart(&self.cache, helm, auth.as_ref(), &self.limits)
                     .await?
             };
+            self.check_schemas(&chart, &helm.chart).await?;
             let kube_version = down
                 .client
                 .apiserver_version()
@@ -147,8 +185,13 @@ impl Charts {
                 .map(|v| v.git_version)
                 .ok();
             let api_versions = api_versions(down).await;
+            let sandbox = render::Sandbox {
+                home: self.cache.dir(),
+                max_rendered_bytes: self.limits.max_rendered_bytes,
+            };
             render::template(
                 &self.helm,
+                &sandbox,
                 &release,
                 namespace,
                 &chart,

@@ -6,7 +6,7 @@
 //! credentials, or the `Bearer` token flow (GET the realm with those credentials as basic
 //! auth, use the token). Credentials and tokens live only in memory for one fetch.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use base64::Engine;
 use http::{StatusCode, header};
@@ -16,9 +16,11 @@ use tender_types::HelmOptions;
 use tender_types::conditions::reason;
 
 use super::ChartFailure;
+use super::cache::Cache;
 use super::fetch::{
-    ChartEntry, Http, Reply, auth_hint, basic_auth, cached, origin, select_version, store,
+    Budget, ChartEntry, Http, Redirects, Reply, auth_hint, basic_auth, origin, select_version,
 };
+use crate::config::ChartLimits;
 
 /// The manifest media type Helm pushes.
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -223,15 +225,30 @@ struct Session<'a> {
     /// Credentials may go to a plain-HTTP token realm only when the registry is plain HTTP too.
     basic_http: bool,
     authorization: Option<String>,
+    /// Tag lists, manifests and token responses (`--max-manifest-bytes`).
+    manifest_budget: Budget,
 }
 
 impl Session<'_> {
     /// GET `url` of the registry, answering one authentication challenge.
-    async fn get(&mut self, url: &str, accept: Option<&str>) -> Result<Reply, ChartFailure> {
+    async fn get(
+        &mut self,
+        url: &str,
+        accept: Option<&str>,
+        budget: Budget,
+        redirects: Redirects,
+    ) -> Result<Reply, ChartFailure> {
         let base = self.base.clone();
         let mut reply = self
             .http
-            .send(url, origin(&base), self.authorization.as_deref(), accept)
+            .send(
+                url,
+                origin(&base),
+                self.authorization.as_deref(),
+                accept,
+                budget,
+                redirects,
+            )
             .await?;
         if reply.status == StatusCode::UNAUTHORIZED
             && let Some(challenge) = reply
@@ -245,7 +262,14 @@ impl Session<'_> {
                 self.authorization = answer;
                 reply = self
                     .http
-                    .send(url, origin(&base), self.authorization.as_deref(), accept)
+                    .send(
+                        url,
+                        origin(&base),
+                        self.authorization.as_deref(),
+                        accept,
+                        budget,
+                        redirects,
+                    )
                     .await?;
             }
         }
@@ -290,7 +314,14 @@ impl Session<'_> {
         let url = token_url(&realm, service.as_deref(), scope.as_deref());
         let reply = self
             .http
-            .send(&url, origin(&realm), basic.as_deref(), None)
+            .send(
+                &url,
+                origin(&realm),
+                basic.as_deref(),
+                None,
+                self.manifest_budget,
+                Redirects::Listed,
+            )
             .await?;
         if matches!(
             reply.status,
@@ -345,8 +376,15 @@ impl Session<'_> {
         }
         let mut url = format!("{}/v2/{repository}/tags/list", self.base);
         let mut out = Vec::new();
+        let mut used = 0u64;
         for _ in 0..MAX_TAG_PAGES {
-            let reply = self.get(&url, None).await?;
+            let budget = Budget {
+                used,
+                what: "tag list",
+                ..self.manifest_budget
+            };
+            let reply = self.get(&url, None, budget, Redirects::Listed).await?;
+            used = used.saturating_add(reply.body.len() as u64);
             if reply.status == StatusCode::NOT_FOUND {
                 return Err(ChartFailure::new(
                     reason::CHART_VERSION_NOT_FOUND,
@@ -400,9 +438,10 @@ impl Http {
     /// The chart archive of the `oci://` chart `helm` names, from the cache or pulled into it.
     pub(crate) async fn fetch_oci(
         &self,
-        cache_dir: &Path,
+        cache: &Cache,
         helm: &HelmOptions,
         creds: Option<&(String, String)>,
+        limits: &ChartLimits,
     ) -> Result<PathBuf, ChartFailure> {
         let oci = parse_reference(&helm.chart)
             .map_err(|m| ChartFailure::new(reason::CHART_REPOSITORY_UNREACHABLE, m))?;
@@ -414,6 +453,11 @@ impl Http {
             creds,
             basic_http: helm.basic_http,
             authorization: None,
+            manifest_budget: Budget::new(
+                limits.max_manifest_bytes,
+                "registry response",
+                "--max-manifest-bytes",
+            ),
         };
         let version = helm
             .version
@@ -433,7 +477,13 @@ impl Http {
             }
         };
         let url = format!("{}/v2/{}/manifests/{tag}", session.base, oci.repository);
-        let reply = session.get(&url, Some(MANIFEST)).await?;
+        let budget = Budget {
+            what: "manifest",
+            ..session.manifest_budget
+        };
+        let reply = session
+            .get(&url, Some(MANIFEST), budget, Redirects::Listed)
+            .await?;
         if reply.status == StatusCode::NOT_FOUND {
             return Err(ChartFailure::new(
                 reason::CHART_VERSION_NOT_FOUND,
@@ -447,14 +497,17 @@ impl Http {
                 format!("{}:{tag}: {m}", helm.chart),
             )
         })?;
-        if let Some(path) = cached(cache_dir, &digest) {
+        if let Some(path) = cache.get(&digest) {
             return Ok(path);
         }
         let url = format!(
             "{}/v2/{}/blobs/sha256:{digest}",
             session.base, oci.repository
         );
-        let reply = session.get(&url, None).await?;
+        // A blob is content-addressed and checked against its digest below; registries serve
+        // blobs from storage hosts of their own, so a redirect may leave for any https origin.
+        let budget = Budget::new(limits.max_chart_bytes, "chart layer", "--max-chart-bytes");
+        let reply = session.get(&url, None, budget, Redirects::AnyHttps).await?;
         unexpected(&reply, &helm.chart)?;
         if hex::encode(Sha256::digest(&reply.body)) != digest {
             return Err(ChartFailure::new(
@@ -465,7 +518,7 @@ impl Http {
                 ),
             ));
         }
-        store(cache_dir, &digest, &reply.body)
+        cache.store(&digest, &reply.body)
     }
 }
 

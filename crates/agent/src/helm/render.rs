@@ -1,5 +1,6 @@
-//! `helm template` with the values on stdin, and the pure parts around it: the arguments, the
-//! parsing of its output (hooks skipped) and the redaction of its error message.
+//! `helm template` with the values on stdin, without network and with its output bounded, and
+//! the pure parts around it: the arguments, the environment, the parsing of its output (hooks
+//! skipped) and the redaction of its error message.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -7,7 +8,7 @@ use std::process::Stdio;
 use serde_json::{Map, Value};
 use tender_types::Manifest;
 use tender_types::conditions::reason;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::ChartFailure;
@@ -49,9 +50,53 @@ pub fn render_args(
     args
 }
 
-/// Runs `helm template`; the values are written to its stdin, never to disk.
+/// Where helm runs: its homes (under the chart cache; the pod's root filesystem is
+/// read-only) and the most output read from it.
+pub(super) struct Sandbox<'a> {
+    /// `HELM_CACHE_HOME`, `HELM_CONFIG_HOME` and `HELM_DATA_HOME` live below it.
+    pub(super) home: &'a Path,
+    /// `--max-rendered-bytes`.
+    pub(super) max_rendered_bytes: u64,
+}
+
+/// A proxy nobody listens on: the discard port of loopback, which helm reaches for every
+/// non-loopback URL, so a chart cannot make it fetch anything (decision 76).
+const NO_NETWORK_PROXY: &str = "http://127.0.0.1:9";
+
+/// The environment of `helm template`: no network (every proxy variable points at a closed
+/// port, `NO_PROXY` cleared) and helm's homes under `home`.
+pub fn helm_env(home: &Path) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), NO_NETWORK_PROXY.to_string()))
+    .collect();
+    env.extend(["NO_PROXY", "no_proxy"].map(|k| (k.to_string(), String::new())));
+    for (k, dir) in [
+        ("HELM_CACHE_HOME", "cache"),
+        ("HELM_CONFIG_HOME", "config"),
+        ("HELM_DATA_HOME", "data"),
+    ] {
+        env.push((
+            k.to_string(),
+            home.join(".helm").join(dir).to_string_lossy().into_owned(),
+        ));
+    }
+    env
+}
+
+/// Runs `helm template`; the values are written to its stdin, never to disk. Its output is
+/// read as it comes and helm is killed once it passes `sandbox.max_rendered_bytes`.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn template(
     helm: &Path,
+    sandbox: &Sandbox<'_>,
     release: &str,
     namespace: &str,
     chart: &Path,
@@ -62,15 +107,11 @@ pub(super) async fn template(
     let args = render_args(release, namespace, chart, kube_version, api_versions);
     let mut child = Command::new(helm)
         .args(&args)
+        .envs(helm_env(sandbox.home))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
-        // No repository config or cache of helm's own: the chart is a local file.
-        .env(
-            "HELM_CACHE_HOME",
-            std::env::temp_dir().join("tender-helm-cache"),
-        )
         .spawn()
         .map_err(|e| {
             ChartFailure::new(
@@ -82,25 +123,93 @@ pub(super) async fn template(
             )
         })?;
     let input = serde_json::to_vec(values).expect("values serialize");
-    if let Some(mut stdin) = child.stdin.take() {
-        // A helm that exits early closes stdin; its exit status tells why.
-        let _ = stdin.write_all(&input).await;
-    }
-    let out = child.wait_with_output().await.map_err(|e| {
+    let stdin = child.stdin.take();
+    // Stdin and stderr on their own tasks: whatever helm does with them, stdout is read until
+    // its end or the limit, and helm is killed at the limit.
+    let feed = tokio::spawn(async move {
+        if let Some(mut stdin) = stdin {
+            // A helm that exits early closes stdin; its exit status tells why.
+            let _ = stdin.write_all(&input).await;
+        }
+    });
+    let stderr = child.stderr.take();
+    let errors = tokio::spawn(async move {
+        match stderr {
+            Some(s) => read_head(s, MAX_STDERR).await,
+            None => Ok(Vec::new()),
+        }
+    });
+    let limit = sandbox.max_rendered_bytes;
+    let out = match child.stdout.take() {
+        Some(s) => read_bounded(s, limit).await,
+        None => Ok(Some(Vec::new())),
+    };
+    let failed = |e: std::io::Error| {
+        ChartFailure::new(
+            reason::CHART_RENDER_FAILED,
+            format!("reading helm's output: {e}"),
+        )
+    };
+    let stdout = match out {
+        Ok(Some(stdout)) => stdout,
+        stopped => {
+            let _ = child.kill().await;
+            feed.abort();
+            errors.abort();
+            stopped.map_err(failed)?;
+            return Err(ChartFailure::new(
+                reason::RENDERED_TOO_LARGE,
+                format!(
+                    "helm template printed more than {limit} bytes (agent flag \
+                     --max-rendered-bytes); helm was stopped"
+                ),
+            ));
+        }
+    };
+    let _ = feed.await;
+    let err = errors.await.unwrap_or_else(|_| Ok(Vec::new()));
+    let stderr = err.map_err(failed)?;
+    let status = child.wait().await.map_err(|e| {
         ChartFailure::new(
             reason::CHART_RENDER_FAILED,
             format!("waiting for helm: {e}"),
         )
     })?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
+    if !status.success() {
+        let stderr = String::from_utf8_lossy(&stderr);
         return Err(ChartFailure::new(
             reason::CHART_RENDER_FAILED,
             redact(stderr.trim(), values),
         ));
     }
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&stdout);
     parse_rendered(&text).map_err(|m| ChartFailure::new(reason::CHART_RENDER_FAILED, m))
+}
+
+/// Most of helm's stderr read (the message is cut to [`MAX_MESSAGE`] anyway).
+const MAX_STDERR: u64 = 64 << 10;
+
+/// The first `limit` bytes of `r`; the rest is read and dropped (helm never blocks on it).
+async fn read_head(r: impl tokio::io::AsyncRead + Unpin, limit: u64) -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut head = r.take(limit);
+    head.read_to_end(&mut buf).await?;
+    tokio::io::copy(&mut head.into_inner(), &mut tokio::io::sink()).await?;
+    Ok(buf)
+}
+
+/// Reads `r` to its end; `None` as soon as it yields more than `limit` bytes (the rest is not
+/// read, so memory stays bounded by the limit).
+async fn read_bounded(
+    r: impl tokio::io::AsyncRead + Unpin,
+    limit: u64,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let mut buf = Vec::new();
+    let read = r
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut buf)
+        .await?;
+    Ok((read as u64 <= limit).then_some(buf))
 }
 
 /// The objects of `helm template` output: empty documents dropped, hook objects (annotation
@@ -183,6 +292,30 @@ mod tests {
              --include-crds --values - --kube-version v1.36.3 --api-versions v1 \
              --api-versions apps/v1"
         );
+    }
+
+    #[test]
+    fn helm_runs_without_network_and_with_its_homes_under_the_cache() {
+        let env: std::collections::BTreeMap<_, _> =
+            helm_env(Path::new("/cache")).into_iter().collect();
+        for k in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "https_proxy"] {
+            assert_eq!(env[k], "http://127.0.0.1:9", "{k}");
+        }
+        assert_eq!(env["NO_PROXY"], "");
+        assert_eq!(env["no_proxy"], "");
+        assert_eq!(env["HELM_CACHE_HOME"], "/cache/.helm/cache");
+        assert_eq!(env["HELM_CONFIG_HOME"], "/cache/.helm/config");
+        assert_eq!(env["HELM_DATA_HOME"], "/cache/.helm/data");
+    }
+
+    #[tokio::test]
+    async fn output_beyond_the_limit_is_not_read() {
+        let data = [b'x'; 100];
+        assert_eq!(
+            read_bounded(&data[..], 100).await.unwrap().map(|b| b.len()),
+            Some(100)
+        );
+        assert_eq!(read_bounded(&data[..], 99).await.unwrap(), None);
     }
 
     #[test]

@@ -46,6 +46,8 @@ pub struct PushConfig {
     pub timeouts: Timeouts,
     /// Lease renewal interval of the in-hub agents.
     pub heartbeat_interval: Duration,
+    /// Bounds on the chart sources of the in-hub agents (the agent's flags, decision 76).
+    pub chart_limits: tender_agent::ChartLimits,
 }
 
 impl Default for PushConfig {
@@ -56,6 +58,7 @@ impl Default for PushConfig {
             probe_timeout: Duration::from_secs(10),
             timeouts: Timeouts::default(),
             heartbeat_interval: tender_agent::DEFAULT_HEARTBEAT_INTERVAL,
+            chart_limits: tender_agent::ChartLimits::default(),
         }
     }
 }
@@ -355,6 +358,7 @@ impl Push {
         agent.copy_resources_downstream = self.copy;
         agent.heartbeat_interval = self.config.heartbeat_interval;
         agent.identity = format!("{}/push", self.instance);
+        agent.chart_limits = self.config.chart_limits.clone();
         let task = tokio::spawn(supervise(
             r.clone(),
             self.hub.clone(),
