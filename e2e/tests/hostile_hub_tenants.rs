@@ -157,7 +157,7 @@ async fn an_agent_relabelling_its_bundle_deployment_reaches_no_other_workspace()
     a.bundle("app", copying_bundle("a1", "a-token")).await;
     b.bundle("app", copying_bundle("b1", "b-token")).await;
     let a_bd = eventually("A's BundleDeployment", WAIT, || async {
-        Ok::<_, kube::Error>(a.bds("a1").get_opt("app").await?)
+        a.bds("a1").get_opt("app").await
     })
     .await;
     eventually("B's BundleDeployment", WAIT, || async {
