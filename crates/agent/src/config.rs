@@ -39,6 +39,11 @@ pub struct AgentConfig {
     pub chart_cache_dir: std::path::PathBuf,
     /// The downstream owner's policy: namespaces it may write to, kinds it refuses.
     pub policy: crate::policy::Policy,
+    /// The downstream ServiceAccount Bundles are applied as (impersonated; decision 0079);
+    /// `None`: as the agent itself (in-process tests, push clusters: the kubeconfig's identity).
+    pub bundle_service_account: Option<tender_types::service_account::ServiceAccountRef>,
+    /// ServiceAccounts (`<namespace>/<name>`, or `*`) a Bundle may name in `spec.serviceAccount`.
+    pub allowed_bundle_service_accounts: Vec<String>,
 }
 
 impl AgentConfig {
@@ -62,6 +67,8 @@ impl AgentConfig {
             helm_path: "helm".into(),
             chart_cache_dir: std::env::temp_dir().join("tender-charts"),
             policy: crate::policy::Policy::default(),
+            bundle_service_account: None,
+            allowed_bundle_service_accounts: Vec::new(),
         }
     }
 }

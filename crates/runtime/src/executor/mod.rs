@@ -35,7 +35,7 @@ pub struct Executor {
     field_manager: String,
     recorder: Recorder,
     metrics: Arc<Metrics>,
-    memo: WriteMemo,
+    memo: Arc<WriteMemo>,
 }
 
 impl Executor {
@@ -52,7 +52,20 @@ impl Executor {
             field_manager: field_manager.to_string(),
             recorder,
             metrics,
-            memo: WriteMemo::default(),
+            memo: Arc::new(WriteMemo::default()),
+        }
+    }
+
+    /// The same executor writing through `client` (e.g. one impersonating another identity):
+    /// same field manager, events, metrics and skip-unchanged memo, so an object keeps one
+    /// owner in `managedFields` and one memo entry whichever identity writes it.
+    pub fn with_client(&self, client: Client) -> Self {
+        Self {
+            client,
+            field_manager: self.field_manager.clone(),
+            recorder: self.recorder.clone(),
+            metrics: self.metrics.clone(),
+            memo: self.memo.clone(),
         }
     }
 
