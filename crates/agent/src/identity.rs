@@ -70,12 +70,12 @@ impl Identities {
         if let Some(w) = writers.get(&sa) {
             return Ok(w.clone());
         }
-        let client = tender_runtime::impersonate::impersonating(
-            self.agent.client(),
-            &sa.user(),
-            &sa.groups(),
-        )
-        .map_err(|e| format!("{}: {sa}: {e}", reason::SERVICE_ACCOUNT_NOT_ALLOWED))?;
+        // No Impersonate-Group: for a ServiceAccount user the apiserver adds its groups itself
+        // (`system:serviceaccounts`, `system:serviceaccounts:<ns>`, `system:authenticated`),
+        // so the agent needs `impersonate` on that ServiceAccount only, never on groups.
+        let client =
+            tender_runtime::impersonate::impersonating(self.agent.client(), &sa.user(), &[])
+                .map_err(|e| format!("{}: {sa}: {e}", reason::SERVICE_ACCOUNT_NOT_ALLOWED))?;
         let w = Arc::new(self.agent.with_client(client));
         writers.insert(sa, w.clone());
         Ok(w)

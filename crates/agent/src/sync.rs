@@ -164,6 +164,12 @@ pub(crate) async fn ensure_namespace(
 /// a Secret, which [`ReconcileError`] already dropped), not the client's debug dump.
 pub(crate) fn message(error: &ReconcileError) -> String {
     match error {
+        // An RBAC refusal names its code too: it is the Bundle ServiceAccount's (or the
+        // agent's) rights that stopped the write, which the owner changes, not the author.
+        ReconcileError::Kube {
+            action,
+            source: kube::Error::Api(s),
+        } if s.code == 403 => format!("cannot {action}: {} ({}): {}", s.reason, s.code, s.message),
         ReconcileError::Kube { action, source } => {
             format!("cannot {action}: {}", error_text(source, false))
         }

@@ -45,8 +45,8 @@ impl ServiceAccountRef {
         format!("system:serviceaccount:{}:{}", self.namespace, self.name)
     }
 
-    /// The groups a ServiceAccount's token carries, which an impersonating client must send
-    /// too (RBAC bound to them would otherwise not apply).
+    /// The groups a ServiceAccount's token carries; the apiserver gives them to an
+    /// impersonated ServiceAccount when the request names no group.
     pub fn groups(&self) -> Vec<String> {
         vec![
             "system:serviceaccounts".to_string(),
