@@ -2,7 +2,8 @@
 //! run as the chart's ServiceAccount, applies Bundles as the Bundle ServiceAccount it
 //! impersonates. With the chart's defaults (the refused-kinds blocklist emptied, so RBAC alone
 //! decides) a Bundle that tries to become cluster-admin — a RoleBinding to cluster-admin in
-//! kube-system, a ClusterRoleBinding, a privileged Deployment in kube-system — is refused by
+//! kube-system, a ClusterRoleBinding, a root Deployment in kube-system mounting the node's
+//! filesystem and running as a controller's ServiceAccount — is refused by
 //! RBAC, each object naming the 403, while an ordinary Bundle (a Secret copy, a ConfigMap, a
 //! Deployment in the owner's application namespace) deploys; a Bundle naming a ServiceAccount
 //! the owner did not allow is refused as a whole (`ServiceAccountNotAllowed`). With the
@@ -41,10 +42,14 @@ fn escalation(cluster: &str, name: &str) -> Value {
                "template": {
                  "metadata": {"labels": {"app": name}},
                  "spec": {
+                   // A controller's powerful ServiceAccount, root, the node's filesystem
+                   // (the test apiservers run with --allow-privileged=false, which refuses
+                   // `privileged` and host namespaces for everyone, admin included).
                    "serviceAccountName": "replicaset-controller",
-                   "hostPID": true,
+                   "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
                    "containers": [{"name": "root", "image": "example.test/shell:1",
-                                   "securityContext": {"privileged": true}}]
+                                   "securityContext": {"runAsUser": 0},
+                                   "volumeMounts": [{"name": "host", "mountPath": "/host"}]}]
                  }
                }
              }}
@@ -64,7 +69,12 @@ async fn bd_where(
 ) -> BundleDeployment {
     let api = ws.bds(cluster);
     eventually(what, WAIT, || async {
-        Ok::<_, kube::Error>(api.get_opt(bundle).await?.filter(|bd| pred(bd)))
+        // The status seen last goes into the failure message.
+        match api.get_opt(bundle).await.map_err(|e| e.to_string())? {
+            Some(bd) if pred(&bd) => Ok(Some(bd)),
+            Some(bd) => Err(serde_json::to_string(&bd.status).unwrap_or_default()),
+            None => Ok(None),
+        }
     })
     .await
 }
