@@ -6,7 +6,8 @@
 //! filesystem and running as a controller's ServiceAccount — is refused by
 //! RBAC, each object naming the 403, while an ordinary Bundle (a Secret copy, a ConfigMap, a
 //! Deployment in the owner's application namespace) deploys; a Bundle naming a ServiceAccount
-//! the owner did not allow is refused as a whole (`ServiceAccountNotAllowed`). With the
+//! the owner did not allow is refused as a whole (`ServiceAccountNotAllowed`), one the owner
+//! allowed deploys where only it may write. With the
 //! documented opt-in (`bundleServiceAccount.clusterAdmin=true`) the same privileged Bundle
 //! deploys.
 
@@ -99,6 +100,20 @@ async fn present(down: &kube::Client, name: &str) -> [bool; 3] {
     ]
 }
 
+/// RoleBinding of the built-in ClusterRole `edit` in `ns` to ServiceAccount `sa_ns`/`sa`.
+async fn edit_binding(down: &kube::Client, ns: &str, sa_ns: &str, sa: &str) {
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": format!("{sa}-edit"), "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": sa_ns}]
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(down.clone(), ns)
+        .create(&Default::default(), &binding)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn by_default_a_bundle_cannot_escalate_and_an_ordinary_one_deploys() {
     let env = shared_env(2).await;
@@ -108,14 +123,21 @@ async fn by_default_a_bundle_cannot_escalate_and_an_ordinary_one_deploys() {
     // The owner's application namespace, where the chart binds the Bundle ServiceAccount.
     let app_ns = unique_name("lp-app");
     create_namespace(&down, &app_ns).await;
+    // A team's own ServiceAccount, allowed by the owner, with edit rights in its namespace only
+    // (where the default Bundle ServiceAccount has none).
+    let team_ns = unique_name("lp-team");
+    create_namespace(&down, &team_ns).await;
+    let deployer = format!("{app_ns}/deployer");
+    edit_binding(&down, &team_ns, &app_ns, "deployer").await;
     ws.cluster("east").await;
     let bundle_ns = format!("bundleServiceAccount.namespaces={{{app_ns}}}");
+    let allowed = format!("allowBundleServiceAccounts={{{deployer}}}");
     let _agent = start_agent(
         &ws,
         "east",
         &down_name,
         AgentOpts {
-            sets: &[NO_BLOCKLIST, &bundle_ns],
+            sets: &[NO_BLOCKLIST, &bundle_ns, &allowed],
             ..Default::default()
         },
     )
@@ -213,6 +235,19 @@ async fn by_default_a_bundle_cannot_escalate_and_an_ordinary_one_deploys() {
     .await;
     let text = serde_json::to_string(&bd.status).unwrap();
     assert!(text.contains("kube-system/replicaset-controller"), "{text}");
+
+    // The allowed one: its Bundle deploys where only that ServiceAccount may write.
+    ws.bundle(
+        "team",
+        json!({
+            "targets": [{"clusterName": "east"}],
+            "defaultNamespace": team_ns,
+            "serviceAccount": deployer,
+            "resources": [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "team"}}],
+        }),
+    )
+    .await;
+    ws.ready("east", "team").await;
     assert!(
         Api::<ConfigMap>::namespaced(down.clone(), &app_ns)
             .get_opt(&named)
