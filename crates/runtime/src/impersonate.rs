@@ -59,3 +59,67 @@ impl Service<Request<Body>> for Impersonate {
         Box::pin(async move { inner.send(request).await })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::Api;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    /// A canned apiserver answering one request with 404 and reporting its request head.
+    async fn canned() -> (Client, tokio::sync::oneshot::Receiver<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (seen_tx, seen_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = vec![0u8; 64 * 1024];
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            let _ = seen_tx.send(String::from_utf8_lossy(&buf[..n]).to_lowercase());
+            let body = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
+            let response = format!(
+                "HTTP/1.1 404 X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().expect("url"));
+        (Client::try_from(config).expect("client"), seen_rx)
+    }
+
+    #[tokio::test]
+    async fn every_request_carries_the_impersonated_user_and_answers_come_back_unchanged() {
+        let (inner, seen) = canned().await;
+        let sa = "system:serviceaccount:tender-system:tender-bundles";
+        let client = impersonating(&inner, sa, &[]).expect("client");
+        let api: Api<ConfigMap> = Api::namespaced(client, "apps");
+        // The apiserver's answer reaches the caller as if no layer were in between.
+        assert!(
+            api.get_opt("settings")
+                .await
+                .expect("a 404 is None")
+                .is_none()
+        );
+        let head = seen.await.expect("a request");
+        assert!(head.contains(&format!("impersonate-user: {sa}")), "{head}");
+        // No groups: the apiserver derives a ServiceAccount's groups itself.
+        assert!(!head.contains("impersonate-group"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn groups_are_sent_when_given() {
+        let (inner, seen) = canned().await;
+        let groups = ["team-a".to_string(), "team-b".to_string()];
+        let client = impersonating(&inner, "jane", &groups).expect("client");
+        let api: Api<ConfigMap> = Api::namespaced(client, "apps");
+        let _ = api.get_opt("settings").await;
+        let head = seen.await.expect("a request");
+        assert!(head.contains("impersonate-group: team-a"), "{head}");
+        assert!(head.contains("impersonate-group: team-b"), "{head}");
+        assert!(impersonating(&inner, "bad\nname", &[]).is_err());
+    }
+}
