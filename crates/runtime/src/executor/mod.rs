@@ -526,4 +526,23 @@ mod tests {
         assert!(!format!("{error:?}").contains("hunter2"), "{error:?}");
         assert!(exec.memo().is_empty(), "a failed write is not remembered");
     }
+
+    #[tokio::test]
+    async fn another_client_shares_the_memo_and_field_manager() {
+        let (client, _) = canned(vec![]).await;
+        let exec = executor(client.clone());
+        let other = exec.with_client(client);
+        let key = ObjectKey::of::<Secret>(Some("apps"), "db");
+        let fp = Fingerprint {
+            live_version: Some("7".into()),
+            desired: "h".into(),
+        };
+        other
+            .memo()
+            .record(key.clone(), fp.clone(), Some("uid-1".into()));
+        assert_eq!(exec.memo().written(&key, &fp), Some(Some("uid-1".into())));
+        exec.memo().forget(&key);
+        assert!(other.memo().is_empty());
+        assert_eq!(other.field_manager, exec.field_manager);
+    }
 }
