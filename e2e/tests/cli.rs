@@ -98,17 +98,7 @@ async fn cluster_add_registers_and_prints_working_agent_manifests() {
         .iter()
         .map(|m| m.types.as_ref().unwrap().kind.clone())
         .collect();
-    assert_eq!(
-        kinds,
-        [
-            "Namespace",
-            "ServiceAccount",
-            "ClusterRole",
-            "ClusterRoleBinding",
-            "Secret",
-            "Deployment"
-        ]
-    );
+    assert_eq!(kinds, tender_cli::cluster::AGENT_KINDS);
     let down = env.client(&downstream_name(1)).await.unwrap();
     let discovery = Discovery::new(down.clone()).run().await.unwrap();
     let pp = PatchParams::apply("tender-e2e").force();

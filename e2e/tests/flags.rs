@@ -469,7 +469,19 @@ async fn every_agent_flag_and_chart_value_takes_effect_in_the_binary() {
     // does not expose.
     ws.cluster("x").await;
     ws.cluster("y").await;
-    let mut x = start_agent(&ws, "x", &downstream_name(1), AgentOpts::default()).await;
+    // X: Bundles may do anything (bundleServiceAccount.clusterAdmin, decision 0079), so it
+    // creates namespaces; Y: the Bundle ServiceAccount bound in `apps` only, which exists.
+    let mut x = start_agent(
+        &ws,
+        "x",
+        &downstream_name(1),
+        AgentOpts {
+            sets: &["bundleServiceAccount.clusterAdmin=true"],
+            ..Default::default()
+        },
+    )
+    .await;
+    tender_e2e::fixture::create_namespace(&ws.downstream(&downstream_name(2)).await, "apps").await;
     let mut y = start_agent(
         &ws,
         "y",
@@ -484,6 +496,7 @@ async fn every_agent_flag_and_chart_value_takes_effect_in_the_binary() {
                 "hubToken.refreshMarginSeconds=598",
                 "policy.allowedNamespaces={apps}",
                 "policy.refusedKinds={ServiceAccount}",
+                "bundleServiceAccount.namespaces={apps}",
             ],
             flags: &[
                 ("--heartbeat-seconds", "2"),

@@ -251,6 +251,8 @@ async fn the_readme_quick_start_works_on_real_clusters() {
                 &hub_server,
                 "--image",
                 &agent_image,
+                "--bundle-namespace",
+                "apps",
             ],
         )
         .await;
@@ -341,6 +343,8 @@ async fn the_readme_quick_start_works_on_real_clusters() {
                 ),
                 "--set",
                 &format!("image.repository={REGISTRY}/tender-agent"),
+                "--set",
+                "bundleServiceAccount.namespaces={apps}",
             ],
         )
         .await;

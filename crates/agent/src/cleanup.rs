@@ -13,6 +13,8 @@ use kube::runtime::controller::Action;
 use tender_types::labels;
 use tender_types::{BundleDeployment, ObjectRef};
 
+use tender_runtime::Executor;
+
 use crate::context::Context;
 use crate::inventory::Recorded;
 use crate::plan::{self, Owner, cluster_selector};
@@ -35,7 +37,17 @@ pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Act
                 .collect(),
         },
     };
-    remove_objects(ctx, &owner, &objects, bd.spec.options.keep_resources).await?;
+    let writer = ctx
+        .identities
+        .cleanup_writer(bd.spec.options.service_account.as_deref());
+    remove_objects(
+        ctx,
+        &writer,
+        &owner,
+        &objects,
+        bd.spec.options.keep_resources,
+    )
+    .await?;
     ctx.inventory.delete(&owner, uid).await?;
     tracing::info!(bundle_deployment = %owner.annotation(), objects = objects.len(), keep = bd.spec.options.keep_resources, "cleaned up downstream");
     Ok(Action::await_change())
@@ -46,17 +58,24 @@ pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Act
 /// (reverse apply order). Objects already gone or owned by someone else are skipped.
 pub(crate) async fn remove_objects(
     ctx: &Context,
+    writer: &Executor,
     owner: &Owner,
     objects: &[ObjectRef],
     keep: bool,
 ) -> Result<()> {
     for key in objects.iter().rev() {
-        remove_object(ctx, owner, key, keep).await?;
+        remove_object(ctx, writer, owner, key, keep).await?;
     }
     Ok(())
 }
 
-async fn remove_object(ctx: &Context, owner: &Owner, r: &ObjectRef, keep: bool) -> Result<()> {
+async fn remove_object(
+    ctx: &Context,
+    writer: &Executor,
+    owner: &Owner,
+    r: &ObjectRef,
+    keep: bool,
+) -> Result<()> {
     let (key, api) = match ctx.down.locate(r).await {
         Ok(x) => x,
         // The kind no longer exists downstream (CRD removed): nothing left to remove.
@@ -77,7 +96,7 @@ async fn remove_object(ctx: &Context, owner: &Owner, r: &ObjectRef, keep: bool) 
         tracing::debug!(object = %describe(r), "not owned by {}; left alone", owner.annotation());
         return Ok(());
     };
-    if ctx.down_writer.execute(op).await?.wrote {
+    if writer.execute(op).await?.wrote {
         ctx.metrics.written(action, &r.kind);
     }
     Ok(())
@@ -151,8 +170,18 @@ pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<
         }
         let list = plan::union(&list, &[]);
         tracing::info!(bundle_deployment = %owner.annotation(), objects = list.len(), "sweeping leftovers of a BundleDeployment that no longer exists");
-        // Honour each object's own keep-resources marker (keep = false here).
-        remove_objects(ctx, &owner, &list, false).await?;
+        // Honour each object's own keep-resources marker (keep = false here). The deployment is
+        // gone, and with it the ServiceAccount it named: its leftovers are removed as the
+        // default one. One this identity may not remove is left, with its inventory, for the
+        // owner (a refusal must not stop the agent from starting).
+        let writer = ctx.identities.cleanup_writer(None);
+        if let Err(e) = remove_objects(ctx, &writer, &owner, &list, false).await {
+            if e.reason() != "Forbidden" {
+                return Err(e);
+            }
+            tracing::warn!(bundle_deployment = %owner.annotation(), error = %e, "leftovers not swept: forbidden for the Bundle ServiceAccount; remove them by hand");
+            continue;
+        }
         for _ in &list {
             ctx.metrics.swept();
         }

@@ -41,6 +41,11 @@ pub struct AgentConfig {
     pub policy: crate::policy::Policy,
     /// Bounds on what one chart source can make the agent read, keep and render.
     pub chart_limits: ChartLimits,
+    /// The downstream ServiceAccount Bundles are applied as (impersonated; decision 0079);
+    /// `None`: as the agent itself (in-process tests, push clusters: the kubeconfig's identity).
+    pub bundle_service_account: Option<tender_types::service_account::ServiceAccountRef>,
+    /// ServiceAccounts (`<namespace>/<name>`, or `*`) a Bundle may name in `spec.serviceAccount`.
+    pub allowed_bundle_service_accounts: Vec<String>,
 }
 
 impl AgentConfig {
@@ -65,6 +70,8 @@ impl AgentConfig {
             chart_cache_dir: std::env::temp_dir().join("tender-charts"),
             policy: crate::policy::Policy::default(),
             chart_limits: ChartLimits::default(),
+            bundle_service_account: None,
+            allowed_bundle_service_accounts: Vec::new(),
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::config::AgentConfig;
 use crate::copies::HubCopies;
 use crate::downstream::Downstream;
 use crate::drift::DriftWatches;
+use crate::identity::Identities;
 use crate::inventory::{Inventory, Recorded};
 use crate::plan::Owner;
 
@@ -29,8 +30,10 @@ pub(crate) struct Context {
     pub(crate) bds: Api<BundleDeployment>,
     /// Discovery and reads downstream.
     pub(crate) down: Downstream,
-    /// Writes downstream (managed objects, namespaces, inventories).
+    /// Writes downstream as the agent itself (its namespace, inventories).
     pub(crate) down_writer: Arc<Executor>,
+    /// Writes of Bundle content downstream, as the identity each deployment is applied as.
+    pub(crate) identities: Identities,
     /// Writes on the hub (BundleDeployment status, events, heartbeat).
     pub(crate) hub_writer: Arc<Executor>,
     pub(crate) inventory: Inventory,
@@ -84,6 +87,11 @@ impl Context {
             ),
             drift: DriftWatches::new(downstream.clone(), ns, trigger, down_writer.clone()),
             down: Downstream::new(downstream),
+            identities: Identities::new(
+                down_writer.clone(),
+                config.bundle_service_account.clone(),
+                config.allowed_bundle_service_accounts.clone(),
+            ),
             charts: crate::helm::Charts::new(
                 config.helm_path.clone(),
                 config.chart_cache_dir.clone(),

@@ -55,6 +55,18 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         return Ok(Action::requeue(COPY_WAIT));
     }
 
+    // Who this deployment is written as: refused outright when it names a ServiceAccount the
+    // downstream owner does not allow (nothing applied, nothing pruned; waiting cannot help).
+    let writer = match ctx.identities.writer(opts.service_account.as_deref()) {
+        Ok(writer) => writer,
+        Err(refusal) => {
+            refused_identity(spec, &name, &refusal, &mut outcome);
+            tracing::warn!(bundle_deployment = %name, %refusal, "deployment refused");
+            report::report(ctx, bd, &outcome).await?;
+            return Ok(Action::await_change());
+        }
+    };
+
     // Observe and plan.
     let default_ns = Some(opts.default_namespace.as_str()).filter(|d| !d.is_empty());
     let copies_ns =
@@ -179,7 +191,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
             && is_ns(p)
         {
             manifest_states[i] =
-                Some(sync_object(ctx, d, &owner, mode, &mut outcome.corrected).await);
+                Some(sync_object(ctx, &writer, d, &owner, mode, &mut outcome.corrected).await);
         }
     }
     let mut needed: BTreeSet<String> = manifests
@@ -193,7 +205,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     );
     let mut namespace_errors: HashMap<String, String> = HashMap::new();
     for ns in needed.difference(&own_namespaces) {
-        if let Err(msg) = ensure_namespace(ctx, ns).await {
+        if let Err(msg) = ensure_namespace(ctx, &writer, ns).await {
             namespace_errors.insert(ns.clone(), msg);
         }
     }
@@ -210,7 +222,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
             Err(s) => s.clone(),
             Ok(d) => match ns_error(d) {
                 Some(s) => s,
-                None => sync_object(ctx, d, &owner, mode, &mut outcome.corrected).await,
+                None => sync_object(ctx, &writer, d, &owner, mode, &mut outcome.corrected).await,
             },
         };
         outcome.copies.push(s);
@@ -234,7 +246,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
             ),
             (None, Ok(d)) => match ns_error(d) {
                 Some(s) => s,
-                None => sync_object(ctx, d, &owner, mode, &mut outcome.corrected).await,
+                None => sync_object(ctx, &writer, d, &owner, mode, &mut outcome.corrected).await,
             },
         };
         outcome.manifests.push(s);
@@ -248,7 +260,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         .all(in_place)
     {
         let stale = plan::prune_set(&recorded, &desired_keys);
-        cleanup::remove_objects(ctx, &owner, &stale, opts.keep_resources).await?;
+        cleanup::remove_objects(ctx, &writer, &owner, &stale, opts.keep_resources).await?;
         ctx.inventory
             .write(&owner, Some(&recorded), &desired_keys)
             .await?;
@@ -260,6 +272,45 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     }
     report::report(ctx, bd, &outcome).await?;
     Ok(next_look(&outcome))
+}
+
+/// Every object of a deployment refused as a whole (its ServiceAccount not allowed), each
+/// reported `Error` with the refusal.
+fn refused_identity(
+    spec: &tender_types::BundleDeploymentSpec,
+    name: &str,
+    refusal: &str,
+    outcome: &mut Outcome,
+) {
+    let error = |key: &ObjectRef| status::object(key, ObjectState::Error, Some(refusal.into()));
+    outcome.copies = spec
+        .options
+        .downstream_resources
+        .iter()
+        .map(|e| error(&plan::key(e.api_version(), &e.kind, None, &e.name)))
+        .collect();
+    outcome.manifests = spec
+        .resources
+        .iter()
+        .map(|m| {
+            error(&plan::key(
+                m.api_version().unwrap_or_default(),
+                m.kind().unwrap_or_default(),
+                m.namespace(),
+                m.name().unwrap_or_default(),
+            ))
+        })
+        .collect();
+    if let Some(helm) = &spec.helm {
+        let o = &spec.options;
+        let default = Some(o.default_namespace.as_str()).filter(|d| !d.is_empty());
+        let ns = namespaces::copies_namespace(o.target_namespace.as_deref(), default);
+        outcome.manifests.push(error(&crate::helm::chart_key(
+            helm,
+            helm.release_name_or(name),
+            ns,
+        )));
+    }
 }
 
 /// Whether deployment `name`, applied as it is, should leave everything alone for now because

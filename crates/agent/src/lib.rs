@@ -28,6 +28,7 @@
 //! - `report` — status and events on the hub, as operations.
 //! - `heartbeat` — the Lease and the Cluster's `status.agent`.
 //! - `downstream` — discovery of downstream kinds.
+//! - [`identity`] — who a deployment's content is written as (an impersonated ServiceAccount).
 //! - [`plan`] and [`status`] — pure decisions and status computation; [`metrics`].
 //!
 //! How an event becomes a write: a watch event (a BundleDeployment, a hub copy through
@@ -55,6 +56,7 @@ mod downstream;
 mod drift;
 mod heartbeat;
 pub mod helm;
+pub mod identity;
 mod inventory;
 pub mod metrics;
 mod namespaces;

@@ -95,6 +95,19 @@ struct Args {
     /// Bounds on chart sources (docs/helm.md, "Limits").
     #[command(flatten)]
     chart_limits: tender_agent::ChartLimitFlags,
+    /// Downstream ServiceAccount (`<namespace>/<name>`) the agent impersonates to apply Bundles,
+    /// so RBAC bounds what a Bundle can do here; unset: Bundles are applied as the agent itself.
+    #[arg(long, env = "TENDER_BUNDLE_SERVICE_ACCOUNT", value_parser = tender_types::service_account::ServiceAccountRef::parse)]
+    bundle_service_account: Option<tender_types::service_account::ServiceAccountRef>,
+    /// ServiceAccounts a Bundle may name in `spec.serviceAccount`, comma-separated
+    /// `<namespace>/<name>`, or `*` for any; default none (others are refused,
+    /// `ServiceAccountNotAllowed`).
+    #[arg(
+        long,
+        env = "TENDER_ALLOW_BUNDLE_SERVICE_ACCOUNTS",
+        value_delimiter = ','
+    )]
+    allow_bundle_service_accounts: Vec<String>,
 }
 
 #[tokio::main]
@@ -133,6 +146,15 @@ async fn main() -> anyhow::Result<()> {
         allowed_namespaces: non_empty(args.allowed_namespaces),
         refused_kinds: non_empty(args.refused_kinds),
     };
+
+    config.bundle_service_account = args.bundle_service_account;
+    config.allowed_bundle_service_accounts = non_empty(args.allow_bundle_service_accounts);
+    for entry in &config.allowed_bundle_service_accounts {
+        if entry != tender_types::service_account::ANY {
+            tender_types::service_account::ServiceAccountRef::parse(entry)
+                .map_err(|e| anyhow::anyhow!("--allow-bundle-service-accounts: {e}"))?;
+        }
+    }
 
     let metrics = AgentMetrics::register(Metrics::new());
     let user_agent = format!("tender-agent/{}", tender_agent::VERSION);

@@ -90,7 +90,8 @@ fn short(id: &str) -> &str {
 /// Reasons an object's error message may start with (`Reason: ...`), which then become the
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
 /// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered.
-const SPECIFIC_ERRORS: [&str; 13] = [
+const SPECIFIC_ERRORS: [&str; 14] = [
+    reason::SERVICE_ACCOUNT_NOT_ALLOWED,
     reason::KIND_NOT_INSTALLED,
     reason::NAMESPACE_TERMINATING,
     reason::CHART_REPOSITORY_UNREACHABLE,
@@ -545,6 +546,21 @@ mod tests {
                 .reason,
             reason::COPY_FEATURE_DISABLED
         );
+    }
+
+    #[test]
+    fn a_refused_service_account_is_the_reason_everywhere() {
+        let mut o = outcome(false);
+        let msg = format!("{}: kube-system/admin", reason::SERVICE_ACCOUNT_NOT_ALLOWED);
+        for s in o.copies.iter_mut().chain(o.manifests.iter_mut()) {
+            s.state = ObjectState::Error;
+            s.message = Some(msg.clone());
+        }
+        let s = compute(None, &o, at(1));
+        for t in [TYPE_READY, TYPE_DEPLOYED, TYPE_RESOURCES_COPIED] {
+            let c = find_condition(&s.conditions, t).unwrap();
+            assert_eq!(c.reason, reason::SERVICE_ACCOUNT_NOT_ALLOWED, "{t}");
+        }
     }
 
     #[test]

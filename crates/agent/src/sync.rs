@@ -6,7 +6,7 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef as KubeRef;
 use serde_json::Value;
 use tender_runtime::reconcile::{error_text, is_not_found};
-use tender_runtime::{ObjectKey, Op, ReconcileError};
+use tender_runtime::{Executor, ObjectKey, Op, ReconcileError};
 use tender_types::{ObjectRef, ObjectState, ObjectStatus};
 
 use tender_types::conditions::reason;
@@ -20,6 +20,7 @@ use crate::status::{self, describe};
 /// restored after drift is added to `corrected`.
 pub(crate) async fn sync_object(
     ctx: &Context,
+    writer: &Executor,
     d: &Desired,
     owner: &Owner,
     mode: Mode,
@@ -58,7 +59,7 @@ pub(crate) async fn sync_object(
     let mut applied: Option<Value> = None;
     for op in ops {
         let action = action(&op);
-        match ctx.down_writer.execute(op).await {
+        match writer.execute(op).await {
             Ok(outcome) => {
                 if outcome.wrote {
                     for action in action {
@@ -120,7 +121,11 @@ fn action(op: &Op) -> &'static [&'static str] {
 
 /// Makes sure namespace `ns` exists downstream (and is not being deleted); `Err` is the message
 /// for the objects that would land in it.
-pub(crate) async fn ensure_namespace(ctx: &Context, ns: &str) -> Result<(), String> {
+pub(crate) async fn ensure_namespace(
+    ctx: &Context,
+    writer: &Executor,
+    ns: &str,
+) -> Result<(), String> {
     let terminating = || {
         Err(format!(
             "{}: namespace {ns} is being deleted downstream; its objects wait until it is gone",
@@ -142,7 +147,7 @@ pub(crate) async fn ensure_namespace(ctx: &Context, ns: &str) -> Result<(), Stri
         Ok(Some(_)) => Ok(()),
         Ok(None) => {
             ctx.metrics.written("apply", "Namespace");
-            ctx.down_writer
+            writer
                 .execute(plan::namespace_op(ns))
                 .await
                 .map(drop)
@@ -159,6 +164,12 @@ pub(crate) async fn ensure_namespace(ctx: &Context, ns: &str) -> Result<(), Stri
 /// a Secret, which [`ReconcileError`] already dropped), not the client's debug dump.
 pub(crate) fn message(error: &ReconcileError) -> String {
     match error {
+        // An RBAC refusal names its code too: it is the Bundle ServiceAccount's (or the
+        // agent's) rights that stopped the write, which the owner changes, not the author.
+        ReconcileError::Kube {
+            action,
+            source: kube::Error::Api(s),
+        } if s.code == 403 => format!("cannot {action}: {} ({}): {}", s.reason, s.code, s.message),
         ReconcileError::Kube { action, source } => {
             format!("cannot {action}: {}", error_text(source, false))
         }

@@ -12,6 +12,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tender_types::{Cluster, ClusterSpec, labels, names, namespaces};
 
+use crate::agent_rbac::{BundleAccess, agent_rbac, bundle_service_account};
+
 /// Name of the downstream Secret holding the agent's hub kubeconfig (key `kubeconfig`).
 pub const HUB_KUBECONFIG_SECRET: &str = "tender-agent-hub";
 /// Default agent image. No public image exists yet: build and push your own from
@@ -79,6 +81,20 @@ pub struct AddArgs {
     /// renews its own token once running; an unused registration token simply expires.
     #[arg(long, default_value = "2h", value_parser = parse_duration)]
     pub token_expiration: Duration,
+    /// Namespaces Bundles may write to on this cluster: the Bundle ServiceAccount the agent
+    /// applies them as gets edit-like rights there (comma-separated or repeated; the printed
+    /// manifests create them).
+    #[arg(
+        long = "bundle-namespace",
+        env = "TENDER_BUNDLE_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "default"
+    )]
+    pub bundle_namespaces: Vec<String>,
+    /// Make the Bundle ServiceAccount cluster-admin: every Bundle targeting this cluster may then
+    /// do anything on it. Off by default.
+    #[arg(long, env = "TENDER_BUNDLE_CLUSTER_ADMIN")]
+    pub bundle_cluster_admin: bool,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -220,32 +236,28 @@ pub fn hub_kubeconfig(server: &str, ca_pem: &[u8], token: &str, namespace: &str)
     .to_yaml()
 }
 
-/// The downstream install manifests for an agent: namespace, identity, RBAC, the hub
-/// kubeconfig Secret and the Deployment. Pure, so it is unit-tested.
+/// The downstream install manifests for an agent: namespace, identity, RBAC (the agent's and
+/// the Bundle ServiceAccount's, [`agent_rbac`]), the hub kubeconfig Secret and the Deployment.
+/// Pure, so it is unit-tested.
 pub fn agent_manifests(
     workspace: &str,
     cluster: &str,
     agent_namespace: &str,
     image: &str,
     hub_kubeconfig: &str,
+    access: &BundleAccess,
 ) -> Vec<serde_json::Value> {
     let app = BTreeMap::from([
         ("app.kubernetes.io/name", "tender-agent"),
         (labels::MANAGED_BY, "tender-cli"),
     ]);
-    vec![
+    let mut out = vec![
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": agent_namespace}}),
         json!({"apiVersion": "v1", "kind": "ServiceAccount",
                "metadata": {"name": "tender-agent", "namespace": agent_namespace, "labels": app}}),
-        // The agent applies arbitrary manifests from Bundles, so downstream it needs broad
-        // rights; narrow this ClusterRole to what your Bundles deploy.
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-               "metadata": {"name": "tender-agent", "labels": app},
-               "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": "tender-agent", "labels": app},
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tender-agent"},
-               "subjects": [{"kind": "ServiceAccount", "name": "tender-agent", "namespace": agent_namespace}]}),
+    ];
+    out.extend(agent_rbac(agent_namespace, access));
+    out.extend([
         json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                "metadata": {"name": HUB_KUBECONFIG_SECRET, "namespace": agent_namespace, "labels": app},
                "stringData": {"kubeconfig": hub_kubeconfig}}),
@@ -266,7 +278,8 @@ pub fn agent_manifests(
                 "args": ["--hub-kubeconfig=/etc/tender/hub/kubeconfig",
                          format!("--workspace-namespace={workspace}"),
                          format!("--cluster-name={cluster}"),
-                         format!("--hub-kubeconfig-secret={HUB_KUBECONFIG_SECRET}")],
+                         format!("--hub-kubeconfig-secret={HUB_KUBECONFIG_SECRET}"),
+                         format!("--bundle-service-account={}", bundle_service_account(agent_namespace))],
                 "env": [{"name": tender_types::gate::COPY_RESOURCES_ENV, "value": "true"},
                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
@@ -282,7 +295,8 @@ pub fn agent_manifests(
             }
           }
         }}),
-    ]
+    ]);
+    out
 }
 
 /// Runs `tender cluster ...`.
@@ -343,6 +357,10 @@ async fn add(a: AddArgs) -> Result<()> {
         &a.agent_namespace,
         &a.image,
         &reg.hub_kubeconfig,
+        &BundleAccess {
+            namespaces: a.bundle_namespaces.clone(),
+            cluster_admin: a.bundle_cluster_admin,
+        },
     );
     if a.local {
         for line in apply_manifests(&hub, &manifests).await? {
@@ -408,6 +426,22 @@ pub async fn apply_manifests(
     Ok(applied)
 }
 
+/// The kinds `tender cluster add` prints, in order, with one Bundle namespace and no opt-in.
+pub const AGENT_KINDS: [&str; 12] = [
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ServiceAccount",
+    "ClusterRole",
+    "Namespace",
+    "RoleBinding",
+    "Secret",
+    "Deployment",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,23 +473,17 @@ mod tests {
             "tender-system",
             "img:1",
             "KUBECONFIG",
+            &BundleAccess {
+                namespaces: vec!["default".into()],
+                cluster_admin: false,
+            },
         );
         let kinds: Vec<_> = ms.iter().map(|m| m["kind"].as_str().unwrap()).collect();
-        assert_eq!(
-            kinds,
-            [
-                "Namespace",
-                "ServiceAccount",
-                "ClusterRole",
-                "ClusterRoleBinding",
-                "Secret",
-                "Deployment"
-            ]
-        );
-        let secret = &ms[4];
+        assert_eq!(kinds, AGENT_KINDS);
+        let secret = &ms[kinds.len() - 2];
         assert_eq!(secret["metadata"]["namespace"], "tender-system");
         assert_eq!(secret["stringData"]["kubeconfig"], "KUBECONFIG");
-        let c = &ms[5]["spec"]["template"]["spec"]["containers"][0];
+        let c = &ms[kinds.len() - 1]["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["image"], "img:1");
         let args: Vec<_> = c["args"]
             .as_array()
@@ -467,6 +495,8 @@ mod tests {
         assert!(args.contains(&"--workspace-namespace=tender-default"));
         // The agent stores its renewed hub kubeconfig where it was mounted from.
         assert!(args.contains(&"--hub-kubeconfig-secret=tender-agent-hub"));
+        // Bundles are applied as the Bundle ServiceAccount, not as the agent.
+        assert!(args.contains(&"--bundle-service-account=tender-system/tender-bundles"));
         assert_eq!(c["env"][0]["name"], tender_types::gate::COPY_RESOURCES_ENV);
         assert_eq!(c["env"][0]["value"], "true");
     }

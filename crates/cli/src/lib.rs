@@ -1,6 +1,7 @@
 //! The `tender` command-line tool: one module per subcommand; [`app`] parses and dispatches,
 //! `main.rs` only calls it.
 
+pub mod agent_rbac;
 pub mod app;
 pub mod cluster;
 pub mod completions;

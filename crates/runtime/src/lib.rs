@@ -37,6 +37,7 @@
 
 pub mod client;
 pub mod executor;
+pub mod impersonate;
 pub mod kubeconfig;
 pub mod leader;
 pub mod metrics;

@@ -104,7 +104,15 @@ pub struct BundleSpec {
     /// Stop rolling out changes of this Bundle; what is already deployed stays.
     #[serde(default)]
     pub paused: bool,
+
+    /// Downstream ServiceAccount (`<namespace>/<name>`) the agent impersonates to apply this Bundle, instead of the agent's default one. The downstream owner must allow it (`--allow-bundle-service-accounts`); otherwise the Bundle is refused there with `ServiceAccountNotAllowed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 317), regex(pattern = SERVICE_ACCOUNT_PATTERN))]
+    pub service_account: Option<String>,
 }
+
+/// `<namespace>/<name>`: a DNS label, a slash and a DNS subdomain.
+const SERVICE_ACCOUNT_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
 impl BundleSpec {
     /// Whether drift correction is on (absent `correctDrift` means on).

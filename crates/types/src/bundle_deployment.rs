@@ -160,6 +160,10 @@ pub struct BundleDeploymentOptions {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = kind_name_list_map)]
     pub downstream_resources: Vec<CopiedResource>,
+
+    /// The Bundle's `serviceAccount` (`<namespace>/<name>`): the downstream ServiceAccount the agent impersonates to apply this deployment; unset means the agent's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account: Option<String>,
 }
 
 /// A source copied to the cluster namespace on the hub, and where it goes downstream.

@@ -84,6 +84,9 @@ pub mod reason {
     /// The downstream cluster's agent refuses an object by its owner's policy (a refused kind,
     /// or a namespace it may not write to); everything else is deployed.
     pub const REFUSED_BY_POLICY: &str = "RefusedByPolicy";
+    /// The Bundle names a downstream ServiceAccount (`spec.serviceAccount`) that the cluster's
+    /// owner does not allow (`--allow-bundle-service-accounts`); nothing of it is applied there.
+    pub const SERVICE_ACCOUNT_NOT_ALLOWED: &str = "ServiceAccountNotAllowed";
     /// No target of the Bundle selects any cluster.
     pub const NO_CLUSTERS_MATCHED: &str = "NoClustersMatched";
     /// A label selector in a target or group is invalid.

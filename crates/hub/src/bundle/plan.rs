@@ -291,6 +291,7 @@ pub fn plan(
             take_ownership: spec.take_ownership,
             correct_drift: spec.correct_drift_enabled(),
             downstream_resources: downstream,
+            service_account: spec.service_account.clone(),
         };
         let bd_spec = DesiredSpec {
             deployment_id: hash::deployment_id_with_helm(

@@ -35,7 +35,7 @@ pub struct Executor {
     field_manager: String,
     recorder: Recorder,
     metrics: Arc<Metrics>,
-    memo: WriteMemo,
+    memo: Arc<WriteMemo>,
 }
 
 impl Executor {
@@ -52,7 +52,20 @@ impl Executor {
             field_manager: field_manager.to_string(),
             recorder,
             metrics,
-            memo: WriteMemo::default(),
+            memo: Arc::new(WriteMemo::default()),
+        }
+    }
+
+    /// The same executor writing through `client` (e.g. one impersonating another identity):
+    /// same field manager, events, metrics and skip-unchanged memo, so an object keeps one
+    /// owner in `managedFields` and one memo entry whichever identity writes it.
+    pub fn with_client(&self, client: Client) -> Self {
+        Self {
+            client,
+            field_manager: self.field_manager.clone(),
+            recorder: self.recorder.clone(),
+            metrics: self.metrics.clone(),
+            memo: self.memo.clone(),
         }
     }
 
@@ -512,5 +525,24 @@ mod tests {
         assert!(!error.to_string().contains("hunter2"), "{error}");
         assert!(!format!("{error:?}").contains("hunter2"), "{error:?}");
         assert!(exec.memo().is_empty(), "a failed write is not remembered");
+    }
+
+    #[tokio::test]
+    async fn another_client_shares_the_memo_and_field_manager() {
+        let (client, _) = canned(vec![]).await;
+        let exec = executor(client.clone());
+        let other = exec.with_client(client);
+        let key = ObjectKey::of::<Secret>(Some("apps"), "db");
+        let fp = Fingerprint {
+            live_version: Some("7".into()),
+            desired: "h".into(),
+        };
+        other
+            .memo()
+            .record(key.clone(), fp.clone(), Some("uid-1".into()));
+        assert_eq!(exec.memo().written(&key, &fp), Some(Some("uid-1".into())));
+        exec.memo().forget(&key);
+        assert!(other.memo().is_empty());
+        assert_eq!(other.field_manager, exec.field_manager);
     }
 }
