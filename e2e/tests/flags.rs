@@ -56,8 +56,9 @@ where
 /// Log lines: all JSON, or none; whether any is at debug level.
 fn log_shape(log: &str) -> (bool, bool, bool) {
     let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
-    let json = lines.iter().all(|l| l.starts_with('{'));
-    let text = lines.iter().all(|l| !l.starts_with('{'));
+    // An empty log is neither: a check of the format must see lines to pass.
+    let json = !lines.is_empty() && lines.iter().all(|l| l.starts_with('{'));
+    let text = !lines.is_empty() && lines.iter().all(|l| !l.starts_with('{'));
     let debug = lines.iter().any(|l| l.contains("DEBUG"));
     (json, text, debug)
 }
