@@ -347,15 +347,23 @@ async fn the_hub_sigkilled_during_a_fan_out_converges_to_exactly_the_right_objec
         ($phase:expr, $total:expr, $progress:expr, $want:expr) => {{
             let total: usize = $total;
             let at = rng.range(total / 5, total * 4 / 5);
-            let seen = reach($phase, at, $progress).await;
+            let mut progress = $progress;
+            let seen = reach($phase, at, &mut progress).await;
             hub.kill();
             let killed = Instant::now();
+            // Only the hub makes this progress: with it dead, the count says where it stopped.
+            let stopped_at = progress().await;
+            assert!(
+                stopped_at < total,
+                "the SIGKILL landed after {} was done ({stopped_at}/{total})",
+                $phase
+            );
             hub.restart().await;
             let took = converge(&ws.hub, &ws.ns, &$want, $phase).await;
             hub.assert_running();
             eprintln!(
-                "[{}] SIGKILL during {} at {seen}/{total}: exactly right {:.1} s after the kill \
-                 ({:.1} s after the restart)",
+                "[{}] SIGKILL during {} at {seen}/{total} (stopped at {stopped_at}): exactly right \
+                 {:.1} s after the kill ({:.1} s after the restart)",
                 ws.ns,
                 $phase,
                 killed.elapsed().as_secs_f64(),
