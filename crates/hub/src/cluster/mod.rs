@@ -375,7 +375,22 @@ async fn namespace_ownership(
         .map_err(kube_err(format!("read namespace {ns_name}")))?;
     let uid = live.and_then(|m| m.uid());
     let recorded = cluster.annotations().get(labels::NAMESPACE_UID);
-    Ok((ownership(recorded.map(String::as_str), uid.as_deref()), uid))
+    let owner = ownership(recorded.map(String::as_str), uid.as_deref());
+    if owner != Ownership::NotOurs {
+        return Ok((owner, uid));
+    }
+    // The record may be newer than the Cluster this reconcile was handed (written a moment
+    // ago by the reconcile that created the namespace): read the Cluster itself before
+    // calling the namespace somebody else's.
+    let workspace = cluster.namespace().unwrap_or_default();
+    let fresh = Api::<Cluster>::namespaced(ctx.client.clone(), &workspace)
+        .get_metadata_opt(&cluster.name_any())
+        .await
+        .map_err(kube_err(format!("read Cluster {workspace}/{}", cluster.name_any())))?;
+    let recorded = fresh
+        .as_ref()
+        .and_then(|m| m.annotations().get(labels::NAMESPACE_UID).cloned());
+    Ok((ownership(recorded.as_deref(), uid.as_deref()), uid))
 }
 
 /// Creates the cluster namespace and records its uid on the Cluster (metadata: an agent's
