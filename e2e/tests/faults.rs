@@ -296,6 +296,10 @@ where
         .unwrap_or(0)
 }
 
+/// The agent chart's Bundle ServiceAccount may write the namespaces these tests create as they
+/// go: faults, not RBAC, are their subject (least_privilege.rs proves the chart's default).
+const FAULTS_NOT_RBAC: &[&str] = &["bundleServiceAccount.clusterAdmin=true"];
+
 /// Does for the BundleDeployments of workspace `ws` the one thing their agents (none runs in
 /// this test) do last when one is deleted: remove the agent's finalizer. The copies then go
 /// with it (garbage collector, owner reference).
@@ -568,7 +572,18 @@ async fn outages_of_the_hub_apiserver_a_downstream_apiserver_and_etcd_delete_not
     let mut agents = Vec::new();
     for (cluster, downstream) in &placement {
         ws.cluster(cluster).await;
-        agents.push(start_agent(&ws, cluster, downstream, AgentOpts::default()).await);
+        agents.push(
+            start_agent(
+                &ws,
+                cluster,
+                downstream,
+                AgentOpts {
+                    sets: FAULTS_NOT_RBAC,
+                    ..Default::default()
+                },
+            )
+            .await,
+        );
     }
     let target = unique_name("outage");
     ws.bundle("app", app_bundle(&["east", "west"], &target))
@@ -698,6 +713,7 @@ async fn an_agent_whose_access_is_revoked_mid_watch_deletes_nothing_and_resumes(
         &downstream,
         AgentOpts {
             via: Some(&proxy),
+            sets: FAULTS_NOT_RBAC,
             ..Default::default()
         },
     )

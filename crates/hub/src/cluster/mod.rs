@@ -386,7 +386,10 @@ async fn namespace_ownership(
     let fresh = Api::<Cluster>::namespaced(ctx.client.clone(), &workspace)
         .get_metadata_opt(&cluster.name_any())
         .await
-        .map_err(kube_err(format!("read Cluster {workspace}/{}", cluster.name_any())))?;
+        .map_err(kube_err(format!(
+            "read Cluster {workspace}/{}",
+            cluster.name_any()
+        )))?;
     let recorded = fresh
         .as_ref()
         .and_then(|m| m.annotations().get(labels::NAMESPACE_UID).cloned());
