@@ -230,7 +230,7 @@ pub fn agent_manifests(
     hub_kubeconfig: &str,
 ) -> Vec<serde_json::Value> {
     let app = BTreeMap::from([
-        ("app.kubernetes.io/name", "tender-agent"),
+        (labels::APP_NAME, labels::AGENT_APP_NAME),
         (labels::MANAGED_BY, "tender-cli"),
     ]);
     vec![

@@ -74,6 +74,10 @@ pub mod reason {
     /// The downstream cluster's agent refuses an object by its owner's policy (a refused kind,
     /// or a namespace it may not write to); everything else is deployed.
     pub const REFUSED_BY_POLICY: &str = "RefusedByPolicy";
+    /// The downstream cluster's agent refuses to read an object for a Bundle (reverse sync,
+    /// `valuesFrom`, `helmSecretName`): it is in the agent's own namespace, in a namespace the
+    /// owner does not let Bundles read (`--readable-namespaces`), or a service-account token.
+    pub const READ_REFUSED_BY_POLICY: &str = "ReadRefusedByPolicy";
     /// No target of the Bundle selects any cluster.
     pub const NO_CLUSTERS_MATCHED: &str = "NoClustersMatched";
     /// A label selector in a target or group is invalid.
