@@ -85,6 +85,10 @@ struct Args {
     /// ConfigMap travel inside carrier Secrets and are never instantiated on the hub.
     #[arg(long, env = "TENDER_COPYABLE_KINDS", default_value = tender_types::copy::DEFAULT_COPYABLE_KINDS)]
     copyable_kinds: String,
+    /// Directory where push clusters' charts (`spec.helm`) are cached by digest (charts only;
+    /// default: a temp directory). The chart mounts a writable volume there.
+    #[arg(long, env = "TENDER_CHART_CACHE_DIR")]
+    chart_cache_dir: Option<PathBuf>,
 }
 
 fn parse_shard_id(id: &str) -> Result<String, String> {
@@ -146,6 +150,7 @@ async fn main() -> anyhow::Result<()> {
         push: tender_hub::push::PushConfig {
             allow_kubeconfig_exec: args.allow_kubeconfig_exec,
             probe_interval: std::time::Duration::from_secs(args.push_probe_seconds.max(1)),
+            chart_cache_dir: args.chart_cache_dir,
             ..Default::default()
         },
         upstream_max_bytes: args.upstream_max_bytes,

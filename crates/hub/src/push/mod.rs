@@ -46,6 +46,9 @@ pub struct PushConfig {
     pub timeouts: Timeouts,
     /// Lease renewal interval of the in-hub agents.
     pub heartbeat_interval: Duration,
+    /// Where the in-hub agents cache chart archives (`--chart-cache-dir`); `None`: the agent's
+    /// default (a temp directory).
+    pub chart_cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for PushConfig {
@@ -56,6 +59,7 @@ impl Default for PushConfig {
             probe_timeout: Duration::from_secs(10),
             timeouts: Timeouts::default(),
             heartbeat_interval: tender_agent::DEFAULT_HEARTBEAT_INTERVAL,
+            chart_cache_dir: None,
         }
     }
 }
@@ -355,6 +359,9 @@ impl Push {
         agent.copy_resources_downstream = self.copy;
         agent.heartbeat_interval = self.config.heartbeat_interval;
         agent.identity = format!("{}/push", self.instance);
+        if let Some(dir) = &self.config.chart_cache_dir {
+            agent.chart_cache_dir = dir.clone();
+        }
         let task = tokio::spawn(supervise(
             r.clone(),
             self.hub.clone(),
