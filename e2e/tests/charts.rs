@@ -169,13 +169,27 @@ async fn agent_chart_objects_are_accepted_by_a_downstream_apiserver() {
     let objects = template(
         "tender-agent",
         &ns,
-        &["clusterName=east", "hubKubeconfig=apiVersion: v1"],
+        &[
+            "clusterName=east",
+            "hubKubeconfig=apiVersion: v1",
+            "chartCache.sizeLimit=64Mi",
+        ],
     );
     let kinds: Vec<_> = objects
         .iter()
         .map(|o| o.types.as_ref().unwrap().kind.as_str())
         .collect();
     assert!(kinds.contains(&"Secret") && kinds.contains(&"Deployment"));
+    // chartCache.sizeLimit: the chart cache's emptyDir (a kubelet limit, not a flag).
+    let deployment = objects
+        .iter()
+        .find(|o| o.types.as_ref().unwrap().kind == "Deployment")
+        .unwrap();
+    let volumes = deployment.data["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(
+        volumes.contains(r#"{"emptyDir":{"sizeLimit":"64Mi"},"name":"chart-cache"}"#),
+        "{volumes}"
+    );
     dry_run_apply(&client, &ns, &objects).await;
 }
 
