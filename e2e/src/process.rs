@@ -97,13 +97,25 @@ impl Process {
     }
 
     /// Stops the process: SIGTERM, up to `grace` to exit, then SIGKILL; always reaps it.
+    /// Under bubblewrap the SIGTERM goes to the sandboxed program (bwrap forwards no signal,
+    /// and its death would SIGKILL the program), so it shuts down as gracefully as in a pod.
     pub fn stop(&mut self, grace: Duration) {
         if self.exited().is_some() {
             return;
         }
-        terminate(self.child.id(), grace);
+        terminate(self.sandboxed_pid().unwrap_or(self.child.id()), grace);
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// The program's pid when this process is bubblewrap running it (bwrap's only child).
+    fn sandboxed_pid(&self) -> Option<u32> {
+        if self.program.file_name()? != "bwrap" {
+            return None;
+        }
+        let id = self.child.id();
+        let children = std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")).ok()?;
+        children.split_whitespace().next()?.parse().ok()
     }
 
     /// Kills the process outright (SIGKILL, like a crash or an OOM kill) and reaps it.
@@ -188,5 +200,49 @@ pub fn terminate(pid: u32, grace: Duration) {
             std::thread::sleep(Duration::from_millis(50));
         }
         libc::kill(pid, libc::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stop reaches the program inside bubblewrap as SIGTERM (a graceful shutdown), not as
+    /// the SIGKILL bwrap's own death would send it.
+    #[test]
+    fn stopping_a_sandboxed_program_terminates_it_gracefully() {
+        let dir = std::env::temp_dir().join(crate::unique_name("tender-process-test"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("log");
+        let args: Vec<String> = [
+            "--ro-bind",
+            "/",
+            "/",
+            "--dev",
+            "/dev",
+            "--proc",
+            "/proc",
+            "--die-with-parent",
+            "--",
+            "/bin/sh",
+            "-c",
+            "trap 'echo terminated; exit 0' TERM; echo started; while true; do sleep 0.05; done",
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        let mut p = Process::start("sandboxed", Path::new("bwrap"), &args, &log).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("started")
+        {
+            assert!(Instant::now() < deadline, "never started");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        p.stop(Duration::from_secs(5));
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("terminated"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

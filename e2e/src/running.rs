@@ -127,10 +127,12 @@ impl Running {
         } else {
             &bins.agent
         };
+        // Under bubblewrap with the pod's securityContext and volumes (crate::local_pod).
+        let (program, args) = pod.command(program);
         let process = Process::start_with_env(
             pod_name,
-            program,
-            &pod.args,
+            &program,
+            &args,
             &pod.env,
             &dir.join(format!("{pod_name}.log")),
         )

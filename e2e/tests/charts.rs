@@ -169,13 +169,27 @@ async fn agent_chart_objects_are_accepted_by_a_downstream_apiserver() {
     let objects = template(
         "tender-agent",
         &ns,
-        &["clusterName=east", "hubKubeconfig=apiVersion: v1"],
+        &[
+            "clusterName=east",
+            "hubKubeconfig=apiVersion: v1",
+            "chartCache.sizeLimit=64Mi",
+        ],
     );
     let kinds: Vec<_> = objects
         .iter()
         .map(|o| o.types.as_ref().unwrap().kind.as_str())
         .collect();
     assert!(kinds.contains(&"Secret") && kinds.contains(&"Deployment"));
+    // chartCache.sizeLimit: the chart cache's emptyDir (a kubelet limit, not a flag).
+    let deployment = objects
+        .iter()
+        .find(|o| o.types.as_ref().unwrap().kind == "Deployment")
+        .unwrap();
+    let volumes = deployment.data["spec"]["template"]["spec"]["volumes"].to_string();
+    assert!(
+        volumes.contains(r#"{"emptyDir":{"sizeLimit":"64Mi"},"name":"chart-cache"}"#),
+        "{volumes}"
+    );
     dry_run_apply(&client, &ns, &objects).await;
 }
 
@@ -252,4 +266,89 @@ fn hub_chart_rbac_has_no_escalate_or_bind_and_holds_every_agent_permission() {
             }
         }
     }
+}
+
+/// The shipped agent chart runs a Helm Bundle under its pod's securityContext: the real
+/// `tender-agent` from the chart's rendered Deployment, under bubblewrap with a read-only root,
+/// the non-root uid and only the chart's volumes ([`tender_e2e::local_pod`]), fetches, caches
+/// and renders a chart from the loopback repository. The chart cache must be one of those
+/// volumes (`/tmp` is read-only there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_agent_chart_renders_a_helm_bundle_under_its_pods_security_context() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use serde_json::json;
+    use tender_e2e::charts::ChartRepo;
+    use tender_e2e::fixture::Workspace;
+    use tender_e2e::running::{AgentOpts, start_agent};
+
+    let env = shared_env(1).await;
+    let repo = ChartRepo::start(&["0.1.0"], "reader", "repo-pass-456")
+        .await
+        .expect("starting the chart repository");
+    let ws = Workspace::new(env, "chart-sandbox").await;
+    ws.cluster("east").await;
+    let helm = ensure_helm().expect("building helm");
+    let release_ns = unique_name("tender-system");
+    let _agent = start_agent(
+        &ws,
+        "east",
+        &downstream_name(1),
+        AgentOpts {
+            release_ns: Some(&release_ns),
+            flags: &[("--helm-path", helm.to_str().unwrap())],
+            ..Default::default()
+        },
+    )
+    .await;
+    ws.source_secret(
+        "repo-auth",
+        &[("username", "reader"), ("password", "repo-pass-456")],
+    )
+    .await;
+    let app_ns = unique_name("chart-sandbox-app");
+    ws.bundle(
+        "app",
+        json!({
+            "targets": [{"clusterName": "east"}],
+            "defaultNamespace": app_ns,
+            "downstreamResources": [{"kind": "Secret", "name": "repo-auth"}],
+            "helm": {"chart": "app", "repo": repo.url, "version": "0.1.0",
+                     "releaseName": "web", "helmSecretName": "repo-auth",
+                     "values": {"greeting": "sandboxed"}},
+        }),
+    )
+    .await;
+    // Ready, or the Deployed message that says why not.
+    let bds = ws.bds("east");
+    let last = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let ready = tender_e2e::within(tender_e2e::fixture::WAIT, || {
+        let (bds, last) = (bds.clone(), last.clone());
+        async move {
+            let Ok(bd) = bds.get("app").await else {
+                return false;
+            };
+            let status = bd.status.unwrap_or_default();
+            *last.lock().unwrap() = serde_json::to_string(&status.conditions).unwrap_or_default();
+            status.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                && tender_types::conditions::is_true(&status.conditions, "Ready")
+        }
+    })
+    .await;
+    assert!(
+        ready,
+        "the Helm Bundle is not Ready: {}",
+        last.lock().unwrap()
+    );
+    let down = env.client(&downstream_name(1)).await.unwrap();
+    let cm = Api::<ConfigMap>::namespaced(down, &app_ns)
+        .get("web-config")
+        .await
+        .unwrap();
+    assert_eq!(
+        cm.data
+            .unwrap_or_default()
+            .get("greeting")
+            .map(String::as_str),
+        Some("sandboxed")
+    );
 }

@@ -498,6 +498,8 @@ async fn every_agent_flag_and_chart_value_takes_effect_in_the_binary() {
                 "policy.allowedNamespaces={apps}",
                 "policy.refusedKinds={ServiceAccount}",
                 "bundleServiceAccount.namespaces={apps}",
+                "policy.readableNamespaces={elsewhere}",
+                "chartCache.sizeLimit=64Mi",
             ],
             flags: &[
                 ("--heartbeat-seconds", "2"),
@@ -519,6 +521,7 @@ async fn every_agent_flag_and_chart_value_takes_effect_in_the_binary() {
             "targets": [{"clusterName": "x"}, {"clusterName": "y"}],
             "defaultNamespace": "apps",
             "downstreamResources": [{"kind": "Secret", "name": "db-creds"}],
+            "upstreamResources": [{"kind": "ConfigMap", "name": "settings"}],
             "resources": [
                 {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"}},
                 {"apiVersion": "v1", "kind": "ConfigMap",
@@ -587,6 +590,34 @@ async fn every_agent_flag_and_chart_value_takes_effect_in_the_binary() {
             name == "settings",
             "y: {kind} {ns}/{name} present: {on_y}"
         );
+    }
+
+    // policy.readableNamespaces (--readable-namespaces): y may not read `apps` for a Bundle
+    // (reverse sync of ConfigMap apps/settings refused); x (reads where it writes: all) may.
+    let upstream_line = |bd: &Value| {
+        bd.pointer("/status/upstream/0").map(|l| {
+            (
+                l["state"].as_str().map(str::to_string),
+                l["message"].to_string(),
+            )
+        })
+    };
+    let x_bds = ws.bds("x");
+    for (bds, want) in [(&x_bds, "Published"), (&y_bds, "Error")] {
+        let line = eventually(&format!("the upstream line {want}"), CONVERGE, || async {
+            let bd = serde_json::to_value(bds.get("app").await?).unwrap();
+            Ok::<_, kube::Error>(
+                upstream_line(&bd).filter(|(state, _)| state.as_deref() == Some(want)),
+            )
+        })
+        .await;
+        if want == "Error" {
+            assert!(
+                line.1.contains("ReadRefusedByPolicy")
+                    && line.1.contains("--readable-namespaces elsewhere"),
+                "{line:?}"
+            );
+        }
     }
 
     // POD_NAME (--identity), --heartbeat-seconds: the Lease; POD_NAMESPACE (--agent-namespace):

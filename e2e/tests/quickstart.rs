@@ -208,14 +208,10 @@ async fn the_readme_quick_start_works_on_real_clusters() {
     let kubeconfig = hub_pod.kubeconfig.display().to_string();
     hub_pod.set_flag("--kubeconfig", &kubeconfig);
     let hub_log = work.join("tender-hub.log");
-    let mut hub_process = Process::start_with_env(
-        "tender-hub",
-        &bins.hub,
-        &hub_pod.args,
-        &hub_pod.env,
-        &hub_log,
-    )
-    .unwrap();
+    // Under its pod's securityContext and volumes (bubblewrap, tender_e2e::local_pod).
+    let (program, args) = hub_pod.command(&bins.hub);
+    let mut hub_process =
+        Process::start_with_env("tender-hub", &program, &args, &hub_pod.env, &hub_log).unwrap();
 
     // 2. kubectl create namespace tender-default
     Api::<Namespace>::all(hub.clone())
@@ -283,22 +279,23 @@ async fn the_readme_quick_start_works_on_real_clusters() {
         agent_pod
             .args
             .iter()
-            .any(|a| a.starts_with("--hub-kubeconfig=") && a.contains("agent-pod/volumes/hub/")),
-        "the hub kubeconfig comes from the mounted Secret: {:?}",
-        agent_pod.args
+            .any(|a| a == "--hub-kubeconfig=/etc/tender/hub/kubeconfig")
+            && agent_pod
+                .sandbox
+                .join(" ")
+                .contains("agent-pod/volumes/hub /etc/tender/hub"),
+        "the hub kubeconfig comes from the mounted Secret: {:?} {:?}",
+        agent_pod.args,
+        agent_pod.sandbox
     );
     agent_pod.set_flag("--metrics-addr", &format!("127.0.0.1:{}", free_port()));
     let kubeconfig = agent_pod.kubeconfig.display().to_string();
     agent_pod.set_flag("--kubeconfig", &kubeconfig);
     let agent_log = work.join("tender-agent.log");
-    let mut agent_process = Process::start_with_env(
-        "tender-agent",
-        &bins.agent,
-        &agent_pod.args,
-        &agent_pod.env,
-        &agent_log,
-    )
-    .unwrap();
+    let (program, args) = agent_pod.command(&bins.agent);
+    let mut agent_process =
+        Process::start_with_env("tender-agent", &program, &args, &agent_pod.env, &agent_log)
+            .unwrap();
 
     // …or with Helm: `--kubeconfig-out` writes the same hub kubeconfig for the agent chart.
     // (Rendered, not installed: the manifests above already installed this agent.)

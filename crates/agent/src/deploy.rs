@@ -119,7 +119,14 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
             )),
             None => Ok(ctx
                 .charts
-                .render(&ctx.down, &name, helm, &copies_ns, &copies)
+                .render(
+                    &ctx.down,
+                    &name,
+                    helm,
+                    &copies_ns,
+                    &copies,
+                    ctx.config.policy.reads(&ctx.config.agent_namespace),
+                )
                 .await),
         };
         match rendered {
@@ -149,7 +156,10 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     let mut refused_keys: Vec<ObjectRef> = Vec::new();
     for p in copies.iter_mut().chain(manifests.iter_mut()) {
         if let Ok(d) = p
-            && let Some(why) = ctx.config.policy.refusal(&d.key)
+            && let Some(why) = ctx
+                .config
+                .policy
+                .refusal(&d.key, &ctx.config.agent_namespace)
         {
             refused_keys.push(d.key.clone());
             *p = Err(status::object(&d.key, ObjectState::Error, Some(why)));

@@ -80,9 +80,16 @@ struct Args {
     #[arg(long, env = "TENDER_HUB_KUBECONFIG_SECRET")]
     hub_kubeconfig_secret: Option<String>,
     /// Namespaces the agent may write to, comma-separated (`team-*` matches a prefix); unset:
-    /// all. Objects elsewhere are refused (`RefusedByPolicy`).
+    /// all but kube-system, kube-public, kube-node-lease and the agent's own, which are written
+    /// only when named exactly. Objects elsewhere are refused (`RefusedByPolicy`).
     #[arg(long, env = "TENDER_ALLOWED_NAMESPACES", value_delimiter = ',')]
     allowed_namespaces: Vec<String>,
+    /// Namespaces a Bundle may make the agent read from (reverse sync, valuesFrom,
+    /// helmSecretName), comma-separated (`team-*` matches a prefix); unset: the same as
+    /// --allowed-namespaces; `--readable-namespaces=` all. Never the agent's own namespace,
+    /// never a service-account token (`ReadRefusedByPolicy`).
+    #[arg(long, env = "TENDER_READABLE_NAMESPACES", value_delimiter = ',')]
+    readable_namespaces: Option<Vec<String>>,
     /// Kinds the agent refuses, comma-separated `Kind.group` (`Kind` for the core group,
     /// `*.group` for a group); `--refused-kinds=` refuses none.
     #[arg(
@@ -145,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
     config.policy = tender_agent::policy::Policy {
         allowed_namespaces: non_empty(args.allowed_namespaces),
         refused_kinds: non_empty(args.refused_kinds),
+        readable_namespaces: args.readable_namespaces.map(non_empty),
     };
 
     config.bundle_service_account = args.bundle_service_account;

@@ -99,6 +99,10 @@ pub(crate) async fn run(
         upstream_clients.1,
         ns.clone(),
         ctx.config.identity.clone(),
+        (
+            ctx.config.policy.clone(),
+            ctx.config.agent_namespace.clone(),
+        ),
         ctx.metrics.shared(),
         ctx.copies.stores(),
         store.clone(),

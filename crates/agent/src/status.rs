@@ -89,8 +89,9 @@ fn short(id: &str) -> &str {
 
 /// Reasons an object's error message may start with (`Reason: ...`), which then become the
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
-/// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered.
-const SPECIFIC_ERRORS: [&str; 14] = [
+/// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered or
+/// whose values the owner's policy does not let it read.
+const SPECIFIC_ERRORS: [&str; 15] = [
     reason::SERVICE_ACCOUNT_NOT_ALLOWED,
     reason::KIND_NOT_INSTALLED,
     reason::NAMESPACE_TERMINATING,
@@ -105,6 +106,7 @@ const SPECIFIC_ERRORS: [&str; 14] = [
     reason::CHART_SCHEMA_REFUSED,
     reason::VALUES_FROM_MISSING,
     reason::VALUES_INVALID,
+    reason::READ_REFUSED_BY_POLICY,
 ];
 
 /// The first specific reason among `errors`' messages, else `fallback`.
@@ -403,7 +405,11 @@ mod tests {
     fn a_kind_not_installed_or_a_terminating_namespace_is_its_own_reason() {
         let msg = |why: &str| Some(format!("{why}: detail"));
         // A manifest: the Deployed and Ready reason; the other objects keep their state.
-        for why in [reason::KIND_NOT_INSTALLED, reason::NAMESPACE_TERMINATING] {
+        for why in [
+            reason::KIND_NOT_INSTALLED,
+            reason::NAMESPACE_TERMINATING,
+            reason::READ_REFUSED_BY_POLICY,
+        ] {
             let mut o = outcome(false);
             o.manifests.push(obj("Widget", "w", ObjectState::Error));
             o.manifests[1].message = msg(why);

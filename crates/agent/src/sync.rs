@@ -16,6 +16,23 @@ use crate::downstream;
 use crate::plan::{self, Desired, Mode, ObjectPlan, Owner};
 use crate::status::{self, describe};
 
+/// Why the existing object `live` may not be adopted: only an unmanaged one is ever adopted,
+/// and never one of tender's own.
+fn adoption_refusal(ctx: &Context, d: &Desired, owner: &Owner, live: &Value) -> Option<String> {
+    let meta = |field: &str| -> Option<std::collections::BTreeMap<String, String>> {
+        serde_json::from_value(live["metadata"][field].clone()).unwrap_or_default()
+    };
+    (plan::ownership(meta("annotations").as_ref(), owner) == plan::Ownership::Unowned)
+        .then(|| {
+            crate::policy::Policy::adoption_refusal(
+                &d.key,
+                meta("labels").as_ref(),
+                &ctx.config.agent_namespace,
+            )
+        })
+        .flatten()
+}
+
 /// Brings one object in line with `d` (or reports why not) and returns its state; an object
 /// restored after drift is added to `corrected`.
 pub(crate) async fn sync_object(
@@ -42,6 +59,13 @@ pub(crate) async fn sync_object(
             }
         },
     };
+    // takeOwnership never adopts tender's own objects, whatever the policy flags (decision 78).
+    if mode.take_ownership
+        && let Some(live) = &live
+        && let Some(why) = adoption_refusal(ctx, d, owner, live)
+    {
+        return error(why);
+    }
     let (ops, corrects_drift) = match plan::object_plan(d, &key, live.as_ref(), owner, mode) {
         ObjectPlan::Settled { state, message } => {
             match state {

@@ -7,6 +7,10 @@
 //! Level-triggered: any placeholder or watched-object event queues one pass over all
 //! placeholders; a pass writes only what differs ([`placeholder_body`] vs the cached
 //! placeholder), so an idle agent makes no writes. Nothing here deletes anything.
+//!
+//! Only what the owner's policy lets a Bundle read is watched and published (decision 77):
+//! never the agent's own namespace, never a service-account token, only the readable
+//! namespaces; a refused entry is an `Error` line starting with `ReadRefusedByPolicy`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
@@ -33,6 +37,7 @@ use tender_types::{BundleDeployment, copy, hash, labels};
 use tokio::task::AbortHandle;
 
 use crate::config::ShutdownSignal;
+use crate::policy::{Policy, Reads};
 
 /// A downstream object named by a placeholder: (kind, namespace, name).
 type Source = (String, String, String);
@@ -211,6 +216,7 @@ pub(crate) async fn run(
     downstream: Client,
     cluster_ns: String,
     identity: String,
+    (policy, agent_namespace): (Policy, String),
     metrics: Arc<Metrics>,
     placeholders: (Store<Secret>, Store<ConfigMap>),
     bds: Store<BundleDeployment>,
@@ -247,6 +253,7 @@ pub(crate) async fn run(
             &exec,
             &downstream,
             &cluster_ns,
+            policy.reads(&agent_namespace),
             &placeholders,
             &bds,
             &mut watches,
@@ -270,10 +277,12 @@ pub(crate) async fn run(
 }
 
 /// One pass over every placeholder; returns whether something failed (retried shortly).
+#[allow(clippy::too_many_arguments)]
 async fn pass(
     exec: &Executor,
     downstream: &Client,
     cluster_ns: &str,
+    reads: Reads<'_>,
     (secrets, config_maps): &(Store<Secret>, Store<ConfigMap>),
     bds: &Store<BundleDeployment>,
     watches: &mut Watches,
@@ -324,6 +333,30 @@ async fn pass(
             continue;
         };
         let placeholder = meta.name.clone().unwrap_or_default();
+        let owner = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "BundleDeployment")
+            .map(|o| o.name.clone());
+        let mut line = UpstreamObjectStatus {
+            kind: kind.into(),
+            namespace: ns.into(),
+            name: name.into(),
+            placeholder: placeholder.clone(),
+            ..Default::default()
+        };
+        // Refused by namespace: not even watched (nor kept in memory).
+        if matches!(kind, "Secret" | "ConfigMap")
+            && let Some(why) = reads.refusal_message(kind, ns, name, None)
+        {
+            line.state = UpstreamState::Error;
+            line.message = Some(why);
+            if let Some(owner) = owner {
+                reports.entry(owner).or_default().push(line);
+            }
+            continue;
+        }
         let seen = match kind {
             "Secret" => {
                 let (store, _) = watches
@@ -346,19 +379,6 @@ async fn pass(
             _ => continue,
         };
         wanted.push((kind.into(), ns.into(), name.into()));
-        let mut line = UpstreamObjectStatus {
-            kind: kind.into(),
-            namespace: ns.into(),
-            name: name.into(),
-            placeholder: placeholder.clone(),
-            ..Default::default()
-        };
-        let owner = meta
-            .owner_references
-            .iter()
-            .flatten()
-            .find(|o| o.kind == "BundleDeployment")
-            .map(|o| o.name.clone());
         let previous = owner
             .as_ref()
             .and_then(|o| bds.get(&KubeRef::new(o).within(cluster_ns)))
@@ -366,7 +386,16 @@ async fn pass(
             .unwrap_or_default()
             .into_iter()
             .find(|p| p.placeholder == placeholder);
+        // Refused by what it is (a service-account token): its content never leaves.
+        let refused = match &seen {
+            Seen::Present(c, _) => reads.refusal_message(kind, ns, name, c.secret_type.as_deref()),
+            _ => None,
+        };
         match placeholder_body(kind, cluster_ns, &placeholder, &seen) {
+            _ if refused.is_some() => {
+                line.state = UpstreamState::Error;
+                line.message = refused;
+            }
             None => line.state = UpstreamState::Pending,
             Some(body) => {
                 let mut wrote = false;

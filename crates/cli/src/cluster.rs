@@ -248,7 +248,7 @@ pub fn agent_manifests(
     access: &BundleAccess,
 ) -> Vec<serde_json::Value> {
     let app = BTreeMap::from([
-        ("app.kubernetes.io/name", "tender-agent"),
+        (labels::APP_NAME, labels::AGENT_APP_NAME),
         (labels::MANAGED_BY, "tender-cli"),
     ]);
     let mut out = vec![
@@ -279,7 +279,9 @@ pub fn agent_manifests(
                          format!("--workspace-namespace={workspace}"),
                          format!("--cluster-name={cluster}"),
                          format!("--hub-kubeconfig-secret={HUB_KUBECONFIG_SECRET}"),
-                         format!("--bundle-service-account={}", bundle_service_account(agent_namespace))],
+                         format!("--bundle-service-account={}", bundle_service_account(agent_namespace)),
+                         // The root filesystem is read-only: charts are cached in a volume.
+                         "--chart-cache-dir=/var/cache/tender"],
                 "env": [{"name": tender_types::gate::COPY_RESOURCES_ENV, "value": "true"},
                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
@@ -289,9 +291,11 @@ pub fn agent_manifests(
                 "resources": {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                 "securityContext": {"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
                                     "capabilities": {"drop": ["ALL"]}},
-                "volumeMounts": [{"name": "hub", "mountPath": "/etc/tender/hub", "readOnly": true}]
+                "volumeMounts": [{"name": "hub", "mountPath": "/etc/tender/hub", "readOnly": true},
+                                 {"name": "chart-cache", "mountPath": "/var/cache/tender"}]
               }],
-              "volumes": [{"name": "hub", "secret": {"secretName": HUB_KUBECONFIG_SECRET}}]
+              "volumes": [{"name": "hub", "secret": {"secretName": HUB_KUBECONFIG_SECRET}},
+                          {"name": "chart-cache", "emptyDir": {"sizeLimit": "256Mi"}}]
             }
           }
         }}),

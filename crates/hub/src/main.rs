@@ -92,6 +92,10 @@ struct Args {
     /// Bounds on the chart sources of push clusters' in-hub agents (the agent's flags).
     #[command(flatten)]
     chart_limits: tender_agent::ChartLimitFlags,
+    /// Directory where push clusters' charts (`spec.helm`) are cached by digest (charts only;
+    /// default: a temp directory). The chart mounts a writable volume there.
+    #[arg(long, env = "TENDER_CHART_CACHE_DIR")]
+    chart_cache_dir: Option<PathBuf>,
 }
 
 fn parse_shard_id(id: &str) -> Result<String, String> {
@@ -154,6 +158,7 @@ async fn main() -> anyhow::Result<()> {
             allow_kubeconfig_exec: args.allow_kubeconfig_exec,
             probe_interval: std::time::Duration::from_secs(args.push_probe_seconds.max(1)),
             chart_limits: args.chart_limits.into(),
+            chart_cache_dir: args.chart_cache_dir,
             ..Default::default()
         },
         upstream_max_bytes: args.upstream_max_bytes,

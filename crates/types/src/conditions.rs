@@ -87,6 +87,10 @@ pub mod reason {
     /// The Bundle names a downstream ServiceAccount (`spec.serviceAccount`) that the cluster's
     /// owner does not allow (`--allow-bundle-service-accounts`); nothing of it is applied there.
     pub const SERVICE_ACCOUNT_NOT_ALLOWED: &str = "ServiceAccountNotAllowed";
+    /// The downstream cluster's agent refuses to read an object for a Bundle (reverse sync,
+    /// `valuesFrom`, `helmSecretName`): it is in the agent's own namespace, in a namespace the
+    /// owner does not let Bundles read (`--readable-namespaces`), or a service-account token.
+    pub const READ_REFUSED_BY_POLICY: &str = "ReadRefusedByPolicy";
     /// No target of the Bundle selects any cluster.
     pub const NO_CLUSTERS_MATCHED: &str = "NoClustersMatched";
     /// A label selector in a target or group is invalid.

@@ -13,6 +13,14 @@ pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY`] on objects tender creates.
 pub const MANAGED_BY_VALUE: &str = "tender";
 
+/// Standard `name` label key; tender's own installs carry one of [`INSTALL_NAMES`].
+pub const APP_NAME: &str = "app.kubernetes.io/name";
+/// [`APP_NAME`] of the agent's install (its chart and what `tender cluster add` renders).
+pub const AGENT_APP_NAME: &str = "tender-agent";
+/// [`APP_NAME`] values of tender's own installs (agent, hub, hub shards): objects carrying one
+/// are never adopted by `takeOwnership` (decision 78).
+pub const INSTALL_NAMES: &[&str] = &[AGENT_APP_NAME, "tender-hub", "tender-hub-shard"];
+
 /// Label: namespace of the Bundle an object was created for.
 pub const BUNDLE_NAMESPACE: &str = "tender.dev/bundle-namespace";
 /// Label: name of the Bundle an object was created for.

@@ -39,6 +39,7 @@ use tender_types::{HelmOptions, Manifest, ObjectRef};
 use crate::config::ChartLimits;
 use crate::downstream::Downstream;
 use crate::plan::{self, Planned};
+use crate::policy::Reads;
 
 /// Default bound on fetching and rendering one chart.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -132,7 +133,8 @@ impl Charts {
 
     /// The rendered objects of `helm` for BundleDeployment `bd`, release namespace `namespace`.
     /// `copies` are this deployment's planned copies: a `valuesFrom` or `helmSecretName` that
-    /// names one reads the copy about to be applied, anything else is read downstream.
+    /// names one reads the copy about to be applied, anything else is read downstream — only
+    /// what `reads` allows (decision 77).
     pub(crate) async fn render(
         &self,
         down: &Downstream,
@@ -140,6 +142,7 @@ impl Charts {
         helm: &HelmOptions,
         namespace: &str,
         copies: &[Planned],
+        reads: Reads<'_>,
     ) -> Result<Vec<Manifest>, ChartFailure> {
         let timeout = helm
             .timeout_seconds
@@ -149,7 +152,7 @@ impl Charts {
         for source in needed_sources(helm, namespace) {
             let data = match values::from_planned(copies, &source) {
                 Some(d) => Some(d),
-                None => read_downstream(down, &source).await?,
+                None => read_downstream(down, &source, reads).await?,
             };
             found.insert(source, data);
         }
@@ -227,11 +230,25 @@ impl Charts {
     }
 }
 
-/// Reads a Secret or ConfigMap downstream; `None` when it does not exist.
+/// Reads a Secret or ConfigMap downstream if the owner's policy lets a Bundle read it
+/// (`ReadRefusedByPolicy` otherwise, before reading for its namespace, after for its type);
+/// `None` when it does not exist.
 async fn read_downstream(
     down: &Downstream,
     source: &ValueSource,
+    reads: Reads<'_>,
 ) -> Result<Option<ObjectData>, ChartFailure> {
+    let kind = if source.secret { "Secret" } else { "ConfigMap" };
+    let check = |secret_type: Option<&str>| match reads.refusal(
+        kind,
+        &source.namespace,
+        &source.name,
+        secret_type,
+    ) {
+        Some(why) => Err(ChartFailure::new(reason::READ_REFUSED_BY_POLICY, why)),
+        None => Ok(()),
+    };
+    check(None)?;
     let failed = |e: kube::Error| {
         ChartFailure::new(
             reason::VALUES_FROM_MISSING,
@@ -248,7 +265,8 @@ async fn read_downstream(
             .get_opt(&source.name)
             .await
             .map_err(failed)?
-            .map(|s| ObjectData::from_secret(&s))
+            .map(|s| check(s.type_.as_deref()).map(|()| ObjectData::from_secret(&s)))
+            .transpose()?
     } else {
         Api::<ConfigMap>::namespaced(client, &source.namespace)
             .get_opt(&source.name)

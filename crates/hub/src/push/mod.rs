@@ -48,6 +48,9 @@ pub struct PushConfig {
     pub heartbeat_interval: Duration,
     /// Bounds on the chart sources of the in-hub agents (the agent's flags, decision 76).
     pub chart_limits: tender_agent::ChartLimits,
+    /// Where the in-hub agents cache chart archives (`--chart-cache-dir`); `None`: the agent's
+    /// default (a temp directory).
+    pub chart_cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for PushConfig {
@@ -59,6 +62,7 @@ impl Default for PushConfig {
             timeouts: Timeouts::default(),
             heartbeat_interval: tender_agent::DEFAULT_HEARTBEAT_INTERVAL,
             chart_limits: tender_agent::ChartLimits::default(),
+            chart_cache_dir: None,
         }
     }
 }
@@ -359,6 +363,9 @@ impl Push {
         agent.heartbeat_interval = self.config.heartbeat_interval;
         agent.identity = format!("{}/push", self.instance);
         agent.chart_limits = self.config.chart_limits.clone();
+        if let Some(dir) = &self.config.chart_cache_dir {
+            agent.chart_cache_dir = dir.clone();
+        }
         let task = tokio::spawn(supervise(
             r.clone(),
             self.hub.clone(),
