@@ -219,7 +219,7 @@ impl Ctx {
         let name = names::cluster_namespace(&workspace, &cluster.name_any());
         let live = self.stores.namespaces.get(&ObjectRef::new(&name))?;
         let recorded = cluster.annotations().get(labels::NAMESPACE_UID);
-        (crate::cluster::ownership(recorded.map(String::as_str), live.uid().as_deref())
+        (crate::cluster::ownership(recorded.map(String::as_str), live.uid().as_deref(), None)
             == crate::cluster::Ownership::Ours)
             .then_some(name)
     }

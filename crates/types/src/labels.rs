@@ -33,6 +33,10 @@ pub const CLUSTER_NAMESPACE: &str = "tender.dev/cluster-namespace";
 /// namespace of that uid is the hub's to write into and delete (decision 74); the agent's
 /// credential cannot write a Cluster's metadata.
 pub const NAMESPACE_UID: &str = "tender.dev/namespace-uid";
+/// Label on a cluster namespace: the random claim the hub created it with; the Cluster's
+/// [`NAMESPACE_UID`] holds `pending:<sha256 of the claim>` until the uid is recorded, so a hub
+/// stopped between the two writes still knows the namespace for its own (decision 74).
+pub const NAMESPACE_CLAIM: &str = "tender.dev/namespace-claim";
 /// Label: namespace of the Cluster object (the workspace), on cluster namespaces.
 pub const WORKSPACE: &str = "tender.dev/workspace";
 /// Label on downstream objects: which BundleDeployment owns them, as

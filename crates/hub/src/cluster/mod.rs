@@ -288,7 +288,10 @@ async fn await_agent_cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Option<Dura
     let workspace = cluster.namespace().unwrap_or_default();
     let name = cluster.name_any();
     let ns_name = names::cluster_namespace(&workspace, &name);
-    if namespace_ownership(ctx, cluster, &ns_name).await?.0 != Ownership::Ours {
+    if !matches!(
+        namespace_ownership(ctx, cluster, &ns_name).await?.0,
+        Ownership::Ours | Ownership::Claimed
+    ) {
         return Ok(None);
     }
     // Read fresh, not from the cache: the agent's finalizer removals are what we wait for.
@@ -373,9 +376,13 @@ async fn namespace_ownership(
         .get_metadata_opt(ns_name)
         .await
         .map_err(kube_err(format!("read namespace {ns_name}")))?;
+    let claim = live
+        .as_ref()
+        .and_then(|m| m.labels().get(labels::NAMESPACE_CLAIM).cloned());
     let uid = live.and_then(|m| m.uid());
+    let judge = |recorded: Option<&str>| ownership(recorded, uid.as_deref(), claim.as_deref());
     let recorded = cluster.annotations().get(labels::NAMESPACE_UID);
-    let owner = ownership(recorded.map(String::as_str), uid.as_deref());
+    let owner = judge(recorded.map(String::as_str));
     if owner != Ownership::NotOurs {
         return Ok((owner, uid));
     }
@@ -393,16 +400,35 @@ async fn namespace_ownership(
     let recorded = fresh
         .as_ref()
         .and_then(|m| m.annotations().get(labels::NAMESPACE_UID).cloned());
-    Ok((ownership(recorded.as_deref(), uid.as_deref()), uid))
+    Ok((judge(recorded.as_deref()), uid))
 }
 
-/// Creates the cluster namespace and records its uid on the Cluster (metadata: an agent's
-/// credential cannot write it). `false`: somebody else created it first.
+/// Records `value` as the Cluster's namespace record (metadata: an agent's credential cannot
+/// write it).
+async fn record_namespace(ctx: &Ctx, cluster: &Cluster, value: &str) -> Result<(), Error> {
+    let workspace = cluster.namespace().unwrap_or_default();
+    ctx.exec
+        .execute(Op::MergePatch {
+            key: ObjectKey::of::<Cluster>(Some(&workspace), &cluster.name_any()),
+            patch: serde_json::json!({"metadata": {"annotations": {labels::NAMESPACE_UID: value}}}),
+        })
+        .await?;
+    Ok(())
+}
+
+/// Creates the cluster namespace with a fresh random claim (recorded first, as its hash) and
+/// then records its uid. `false`: somebody else created it first.
 async fn create_namespace(
     ctx: &Ctx,
     cluster: &Cluster,
-    namespace: Provisioned,
+    mut namespace: Provisioned,
 ) -> Result<bool, Error> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| Error::Config(format!("no randomness for a namespace claim: {e}")))?;
+    let claim: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    record_namespace(ctx, cluster, &namespace::pending_record(&claim)).await?;
+    namespace.body["metadata"]["labels"][labels::NAMESPACE_CLAIM] = serde_json::json!(claim);
     let created = ctx
         .exec
         .execute(Op::Create {
@@ -413,13 +439,7 @@ async fn create_namespace(
     let Some(uid) = created.uid.filter(|_| created.wrote) else {
         return Ok(false);
     };
-    let workspace = cluster.namespace().unwrap_or_default();
-    ctx.exec
-        .execute(Op::MergePatch {
-            key: ObjectKey::of::<Cluster>(Some(&workspace), &cluster.name_any()),
-            patch: serde_json::json!({"metadata": {"annotations": {labels::NAMESPACE_UID: uid}}}),
-        })
-        .await?;
+    record_namespace(ctx, cluster, &uid).await?;
     Ok(true)
 }
 
@@ -444,12 +464,12 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<bool, Error> {
     );
     let mut objects = access_objects(access, mode);
     // The namespace first: the hub writes only into one it created (decision 74).
-    match namespace_ownership(ctx, cluster, &ns_name).await?.0 {
-        Ownership::NotOurs => {
+    match namespace_ownership(ctx, cluster, &ns_name).await? {
+        (Ownership::NotOurs, _) => {
             ctx.provisioned.lock().expect("lock").remove(&key);
             return Ok(false);
         }
-        Ownership::Absent => {
+        (Ownership::Absent, _) => {
             let namespace = objects.remove(0);
             if !create_namespace(ctx, cluster, namespace).await? {
                 return Ok(false);
@@ -457,7 +477,13 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<bool, Error> {
             // The rest once the Cluster carries the record (its event brings us back).
             return Ok(true);
         }
-        Ownership::Ours => {}
+        (Ownership::Claimed, uid) => {
+            // Created by this hub, which stopped before recording it: record it now.
+            tracing::info!(cluster = %name, namespace = %ns_name, "recording the uid of the cluster namespace created before a restart");
+            record_namespace(ctx, cluster, uid.as_deref().unwrap_or_default()).await?;
+            return Ok(true);
+        }
+        (Ownership::Ours, _) => {}
     }
     // Observe: each object's content-hash annotation (one metadata read per object, once per
     // Cluster and mode per process).
@@ -665,7 +691,7 @@ async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     // Only a namespace the hub created for this Cluster is emptied and deleted, that very
     // one (uid precondition); somebody else's is left as it is (decision 74).
     let (owner, uid) = namespace_ownership(ctx, cluster, &ns_name).await?;
-    if owner != Ownership::Ours {
+    if !matches!(owner, Ownership::Ours | Ownership::Claimed) {
         tracing::info!(cluster = %name, namespace = %ns_name, "cluster deleted: its namespace is not tender's, left alone");
         return Ok(Action::await_change());
     }
