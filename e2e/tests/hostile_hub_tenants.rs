@@ -96,6 +96,18 @@ async fn an_agent_credential_cannot_point_the_hub_at_another_workspace() {
                         "lastTransitionTime": "2026-01-01T00:00:00Z"}],
         "summary": {"desiredReady": 9, "ready": 9},
     }});
+    // Its BundleDeployments' status and its heartbeat Lease too: all it may write on the hub.
+    let a1_ns = a.cluster_ns("a1");
+    let own_bds: Api<BundleDeployment> = Api::namespaced(agent.clone(), &a1_ns);
+    let own_leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(agent.clone(), &a1_ns);
+    let forged_bd = json!({"status": {"appliedDeploymentID": "forged",
+        "display": {"state": "Ready"}}});
+    let forged_lease = json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": names::AGENT_LEASE, "namespace": a1_ns},
+        "spec": {"holderIdentity": b1_ns, "leaseDurationSeconds": 90},
+    });
     let forger = tokio::spawn({
         let own = own.clone();
         async move {
@@ -103,6 +115,19 @@ async fn an_agent_credential_cannot_point_the_hub_at_another_workspace() {
                 own.patch_status("a1", &PatchParams::default(), &Patch::Merge(&forged))
                     .await
                     .expect("the agent credential may write its Cluster's status");
+                own_bds
+                    .patch_status("a-app", &PatchParams::default(), &Patch::Merge(&forged_bd))
+                    .await
+                    .expect("the agent credential may write its BundleDeployment's status");
+                // Its heartbeat Lease, naming the other workspace's namespace.
+                own_leases
+                    .patch(
+                        names::AGENT_LEASE,
+                        &PatchParams::apply("forger").force(),
+                        &Patch::Apply(&forged_lease),
+                    )
+                    .await
+                    .expect("the agent credential may write its Lease");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -126,7 +151,6 @@ async fn an_agent_credential_cannot_point_the_hub_at_another_workspace() {
     let a = rotations.await.unwrap();
 
     // The hub's own fields come back, and workspace A's copies stayed in a1's namespace.
-    let a1_ns = a.cluster_ns("a1");
     eventually(
         "a1's status names its own namespace again",
         WAIT,

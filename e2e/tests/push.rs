@@ -682,3 +682,62 @@ async fn reverse_sync_works_for_a_push_cluster() {
     )
     .await;
 }
+
+/// A push cluster applies as its kubeconfig's own identity (the owner chose it when minting
+/// it), so a Bundle naming a ServiceAccount is refused there and nothing of it is deployed
+/// (decision 0079).
+#[tokio::test]
+async fn a_push_cluster_refuses_a_bundle_naming_a_service_account() {
+    let (ws, _hub) = push_workspace("push-sa").await;
+    let downstream = downstream_name(2);
+    let down = ws.downstream(&downstream).await;
+    kubeconfig_secret(
+        &ws,
+        "sa-kubeconfig",
+        &ws.env.kubeconfig_as(&downstream, ADMIN_USER),
+    )
+    .await;
+    push_cluster(&ws, "sa-edge", "sa-kubeconfig").await;
+    connection(&ws, "sa-edge", "ClusterConnected").await;
+    let ns = unique_name("push-sa");
+    ws.bundle(
+        "named",
+        json!({
+            "targets": [{"clusterName": "sa-edge"}],
+            "defaultNamespace": ns,
+            "serviceAccount": "kube-system/replicaset-controller",
+            "resources": [{"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": {"name": "named"}, "data": {"a": "b"}}],
+        }),
+    )
+    .await;
+    let ready = eventually(
+        "the push cluster refuses the ServiceAccount",
+        WAIT,
+        || async {
+            let bd = ws.bds("sa-edge").get_opt("named").await?;
+            Ok::<_, kube::Error>(bd.and_then(|bd| {
+                find_condition(&bd.status?.conditions, TYPE_READY)
+                    .filter(|c| {
+                        c.reason == tender_types::conditions::reason::SERVICE_ACCOUNT_NOT_ALLOWED
+                    })
+                    .cloned()
+            }))
+        },
+    )
+    .await;
+    assert_eq!(ready.status, "False");
+    stays(
+        "the refused Bundle's ConfigMap downstream",
+        Duration::from_secs(3),
+        &false,
+        || async {
+            Api::<ConfigMap>::namespaced(down.clone(), &ns)
+                .get_opt("named")
+                .await
+                .unwrap()
+                .is_some()
+        },
+    )
+    .await;
+}
