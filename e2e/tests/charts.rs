@@ -296,6 +296,10 @@ async fn the_agent_chart_renders_a_helm_bundle_under_its_pods_security_context()
         AgentOpts {
             release_ns: Some(&release_ns),
             flags: &[("--helm-path", helm.to_str().unwrap())],
+            // The Bundle lands in a namespace of its own, which the chart's default Bundle
+            // ServiceAccount may not create (least_privilege.rs): the pod's sandbox is the
+            // subject here, not RBAC.
+            sets: &["bundleServiceAccount.clusterAdmin=true"],
             ..Default::default()
         },
     )
