@@ -356,12 +356,9 @@ async fn the_hub_sigkilled_during_a_fan_out_converges_to_exactly_the_right_objec
             hub.kill();
             let killed = Instant::now();
             // Only the hub makes this progress: with it dead, the count says where it stopped.
+            // Not asserted yet (issue 22): a 100-copy rotation can finish between two polls,
+            // so landing mid-phase needs the hub's writes held at a gate first.
             let stopped_at = progress().await;
-            assert!(
-                stopped_at < total,
-                "the SIGKILL landed after {} was done ({stopped_at}/{total})",
-                $phase
-            );
             hub.restart().await;
             let took = converge(&ws.hub, &ws.ns, &$want, $phase).await;
             hub.assert_running();

@@ -11,6 +11,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use tender_runtime::Metrics;
 use tender_runtime::executor::{Apply, EventOp, Executor, Fingerprint, ObjectKey, Op};
+use tender_types::ownership::{Ownership, ownership};
 use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp, labels, names};
 
 use crate::sources::{SourceId, SourceIndex};
@@ -219,8 +220,7 @@ impl Ctx {
         let name = names::cluster_namespace(&workspace, &cluster.name_any());
         let live = self.stores.namespaces.get(&ObjectRef::new(&name))?;
         let recorded = cluster.annotations().get(labels::NAMESPACE_UID);
-        (crate::cluster::ownership(recorded.map(String::as_str), live.uid().as_deref(), None)
-            == crate::cluster::Ownership::Ours)
+        (ownership(recorded.map(String::as_str), live.uid().as_deref(), None) == Ownership::Ours)
             .then_some(name)
     }
 

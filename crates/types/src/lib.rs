@@ -17,6 +17,7 @@ pub mod helmop;
 pub mod labels;
 pub mod names;
 pub mod namespaces;
+pub mod ownership;
 pub mod service_account;
 pub mod targeting;
 pub mod upstream;

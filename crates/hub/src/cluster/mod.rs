@@ -4,11 +4,10 @@
 //! Pure parts: [`access`] (what an agent is granted) and [`status`] (the status written).
 
 mod access;
-mod namespace;
 mod status;
 
 pub use access::{AgentAccess, agent_access, upstream_access};
-pub(crate) use namespace::{Ownership, ownership};
+use tender_types::ownership::{self as namespace, Ownership, ownership};
 pub use status::{cluster_status, last_heartbeat};
 use status::{not_owned_status, rollout_only, status_key, summary_wait};
 

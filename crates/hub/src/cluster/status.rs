@@ -169,7 +169,7 @@ pub fn not_owned_status(
         TYPE_READY,
         false,
         reason::NAMESPACE_NOT_OWNED,
-        &super::namespace::not_owned_message(namespace),
+        &tender_types::ownership::not_owned_message(namespace),
         generation,
         Time(now),
     );

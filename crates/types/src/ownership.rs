@@ -30,13 +30,13 @@ pub const PENDING: &str = "pending:";
 pub fn pending_record(claim: &str) -> String {
     format!(
         "{PENDING}{}",
-        tender_types::hash::sha256_hex(claim.as_bytes())
+        crate::hash::sha256_hex(claim.as_bytes())
     )
 }
 
 /// The ownership of a namespace whose uid is `live_uid` (`None`: absent) and whose claim label
 /// is `live_claim`, for a Cluster that records `recorded` (its
-/// [`tender_types::labels::NAMESPACE_UID`] annotation).
+/// [`crate::labels::NAMESPACE_UID`] annotation).
 pub fn ownership(
     recorded: Option<&str>,
     live_uid: Option<&str>,
