@@ -603,7 +603,7 @@ async fn a_chart_object_somebody_else_has_is_never_clobbered() {
             "theirs",
             &ns,
             json!({"chart": "app", "repo": repo.url, "version": "0.1.0", "releaseName": "web",
-                   "helmSecretName": "repo-auth"}),
+                   "values": {"greeting": "hi"}, "helmSecretName": "repo-auth"}),
         ),
     )
     .await;

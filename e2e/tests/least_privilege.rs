@@ -132,12 +132,15 @@ async fn by_default_a_bundle_cannot_escalate_and_an_ordinary_one_deploys() {
     ws.cluster("east").await;
     let bundle_ns = format!("bundleServiceAccount.namespaces={{{app_ns}}}");
     let allowed = format!("allowBundleServiceAccounts={{{deployer}}}");
+    // The owner opens the protected kube-system to the agent's policy (decision 0078), so RBAC
+    // alone decides there: the boundary under test.
+    let writable = format!("policy.allowedNamespaces={{kube-system,{app_ns},{team_ns}}}");
     let _agent = start_agent(
         &ws,
         "east",
         &down_name,
         AgentOpts {
-            sets: &[NO_BLOCKLIST, &bundle_ns, &allowed],
+            sets: &[NO_BLOCKLIST, &bundle_ns, &allowed, &writable],
             ..Default::default()
         },
     )
@@ -270,7 +273,12 @@ async fn with_the_cluster_admin_opt_in_the_same_bundle_deploys() {
         "west",
         &down_name,
         AgentOpts {
-            sets: &[NO_BLOCKLIST, "bundleServiceAccount.clusterAdmin=true"],
+            sets: &[
+                NO_BLOCKLIST,
+                "bundleServiceAccount.clusterAdmin=true",
+                // kube-system is protected by the policy unless named (decision 0078).
+                "policy.allowedNamespaces={kube-system}",
+            ],
             ..Default::default()
         },
     )

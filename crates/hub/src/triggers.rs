@@ -517,15 +517,28 @@ fn namespace_feed(
     t: Triggers,
     events: Events<ObjectMeta>,
 ) -> BoxFuture<'static, ()> {
+    // Where a Bundle writes depends on the namespace being in this replica's cache (decision
+    // 73): one that arrives (a new Cluster, a Cluster moved to this shard) or goes retargets
+    // every Bundle, as a Cluster change does. Other namespace events only wake the Cluster.
+    let mut seen: std::collections::HashMap<String, String> = std::collections::HashMap::new();
     drive(events, move |event| {
-        let Some((ns, _)) = changed(event) else {
+        let Some((ns, deleted)) = changed(event) else {
             return;
         };
         let name = ns.name.as_deref().unwrap_or_default();
+        let uid = ns.uid.clone().unwrap_or_default();
+        let arrived = if deleted {
+            seen.remove(name).is_some()
+        } else {
+            seen.insert(name.to_string(), uid.clone()).as_deref() != Some(uid.as_str())
+        };
         if let Some(labels) = &ns.labels
             && let Some(c) = cluster_for_labels(&ctx.stores.clusters, labels, name)
         {
             t.cluster(c);
+            if arrived {
+                t.all_bundles();
+            }
         }
     })
 }

@@ -28,10 +28,7 @@ pub const PENDING: &str = "pending:";
 
 /// The record a Cluster holds while its namespace is created with `claim`.
 pub fn pending_record(claim: &str) -> String {
-    format!(
-        "{PENDING}{}",
-        crate::hash::sha256_hex(claim.as_bytes())
-    )
+    format!("{PENDING}{}", crate::hash::sha256_hex(claim.as_bytes()))
 }
 
 /// The ownership of a namespace whose uid is `live_uid` (`None`: absent) and whose claim label

@@ -7,9 +7,9 @@ mod access;
 mod status;
 
 pub use access::{AgentAccess, agent_access, upstream_access};
-use tender_types::ownership::{self as namespace, Ownership, ownership};
 pub use status::{cluster_status, last_heartbeat};
 use status::{not_owned_status, rollout_only, status_key, summary_wait};
+use tender_types::ownership::{self as namespace, Ownership, ownership};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
