@@ -4,21 +4,28 @@
 //! Pure parts: [`access`] (what an agent is granted) and [`status`] (the status written).
 
 mod access;
+mod deletion;
+mod namespace;
 mod status;
 
 pub use access::{AgentAccess, agent_access, upstream_access};
+pub use deletion::AGENT_CLEANUP_GRACE;
+#[cfg(test)]
+use deletion::{AgentCleanup, agent_cleanup_step};
+use deletion::{await_agent_cleanup, cleanup};
+use namespace::{create_namespace, namespace_ownership, record_namespace};
 pub use status::{cluster_status, last_heartbeat};
 use status::{not_owned_status, rollout_only, status_key, summary_wait};
-use tender_types::ownership::{self as namespace, Ownership, ownership};
+use tender_types::ownership::Ownership;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, Secret};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, ListParams, ObjectMeta};
+use kube::api::{Api, DynamicObject, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -221,225 +228,6 @@ fn provision_ops(objects: Vec<Provisioned>, live: &[Option<String>]) -> Vec<Op> 
             (false, None) => None,
         })
         .collect()
-}
-
-/// How long after a Cluster's deletion the hub waits, at most, for its agent to clean up what
-/// it deployed before stripping the agent's finalizers (decision 68).
-pub const AGENT_CLEANUP_GRACE: Duration = Duration::from_secs(60);
-
-/// Where a deleted Cluster's cleanup stands with its agent.
-#[derive(Debug)]
-enum AgentCleanup {
-    /// Go on with [`cleanup`]: nothing holds the agent's finalizer, the agent does not report
-    /// in (nothing will answer; what it deployed stays), or the grace has passed.
-    Proceed,
-    /// The agent reports in and still holds BundleDeployments: delete those not yet deleting
-    /// and look again after `wait`.
-    Wait { deletes: Vec<Op>, wait: Duration },
-}
-
-/// The step of a deleted Cluster's cleanup given its BundleDeployments (read fresh), the
-/// agent's last heartbeat and when the Cluster was deleted. Pure.
-fn agent_cleanup_step(
-    bds: &[BundleDeployment],
-    heartbeat: Option<Timestamp>,
-    deleted_at: Option<Timestamp>,
-    now: Timestamp,
-    offline_after: Duration,
-    grace: Duration,
-) -> AgentCleanup {
-    let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
-    let holding: Vec<&BundleDeployment> = bds
-        .iter()
-        .filter(|bd| {
-            bd.finalizers()
-                .iter()
-                .any(|f| f == labels::AGENT_CLEANUP_FINALIZER)
-        })
-        .collect();
-    let reports_in =
-        heartbeat.is_some_and(|h| now.as_millisecond() - h.as_millisecond() < ms(offline_after));
-    let waited = deleted_at.map(|t| now.as_millisecond() - t.as_millisecond());
-    let Some(waited) = waited.filter(|w| *w < ms(grace)) else {
-        return AgentCleanup::Proceed;
-    };
-    if holding.is_empty() || !reports_in {
-        return AgentCleanup::Proceed;
-    }
-    let deletes = holding
-        .iter()
-        .filter(|bd| bd.metadata.deletion_timestamp.is_none())
-        .map(|bd| Op::Delete {
-            key: ObjectKey::of::<BundleDeployment>(bd.namespace().as_deref(), &bd.name_any()),
-            uid: bd.uid(),
-        })
-        .collect();
-    let left = Duration::from_millis(u64::try_from(ms(grace) - waited).unwrap_or(0));
-    AgentCleanup::Wait {
-        deletes,
-        wait: left.min(Duration::from_secs(2)),
-    }
-}
-
-/// Deletes a deleted Cluster's BundleDeployments and says how long to wait while its agent,
-/// still reporting in, cleans up downstream; `None`: go on with [`cleanup`].
-async fn await_agent_cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Option<Duration>, Error> {
-    let workspace = cluster.namespace().unwrap_or_default();
-    let name = cluster.name_any();
-    let ns_name = names::cluster_namespace(&workspace, &name);
-    if !matches!(
-        namespace_ownership(ctx, cluster, &ns_name).await?.0,
-        Ownership::Ours | Ownership::Claimed
-    ) {
-        return Ok(None);
-    }
-    // Read fresh, not from the cache: the agent's finalizer removals are what we wait for.
-    let bds = list_fresh(ctx, &ns_name).await?;
-    let step = agent_cleanup_step(
-        &bds,
-        agent_heartbeat(ctx, cluster, &ns_name),
-        cluster.metadata.deletion_timestamp.as_ref().map(|t| t.0),
-        Timestamp::now(),
-        ctx.config.agent_offline_after,
-        AGENT_CLEANUP_GRACE,
-    );
-    match step {
-        AgentCleanup::Proceed => Ok(None),
-        AgentCleanup::Wait { deletes, wait } => {
-            if !deletes.is_empty() {
-                tracing::info!(cluster = %name, namespace = %ns_name, deployments = deletes.len(), "cluster deleted: waiting for its agent to clean up downstream");
-            }
-            for result in ctx.exec.execute_all(deletes, 16).await {
-                result?;
-            }
-            Ok(Some(wait))
-        }
-    }
-}
-
-/// What the hub removes when a Cluster goes, in order: the agent's finalizer on each of the
-/// cluster's BundleDeployments (nobody else would remove it), the namespace (and with it
-/// BundleDeployments and copies), then the workspace RBAC. Pure.
-fn cleanup_ops(
-    workspace: &str,
-    cluster: &str,
-    namespace_uid: Option<String>,
-    bds: &[BundleDeployment],
-) -> Vec<Op> {
-    let ns = names::cluster_namespace(workspace, cluster);
-    let mut ops: Vec<Op> = bds
-        .iter()
-        .filter(|bd| {
-            bd.finalizers()
-                .iter()
-                .any(|f| f == labels::AGENT_CLEANUP_FINALIZER)
-        })
-        .map(|bd| {
-            let kept: Vec<&String> = bd
-                .finalizers()
-                .iter()
-                .filter(|f| *f != labels::AGENT_CLEANUP_FINALIZER)
-                .collect();
-            // resourceVersion makes this a compare-and-swap: a concurrent change fails and retries.
-            Op::MergePatch {
-                key: ObjectKey::of::<BundleDeployment>(Some(&ns), &bd.name_any()),
-                patch: serde_json::json!({
-                    "metadata": {"finalizers": kept, "resourceVersion": bd.resource_version()}
-                }),
-            }
-        })
-        .collect();
-    let role = names::agent_workspace_role(cluster);
-    ops.push(Op::Delete {
-        key: ObjectKey::of::<Namespace>(None, &ns),
-        uid: namespace_uid,
-    });
-    ops.push(Op::Delete {
-        key: ObjectKey::of::<RoleBinding>(Some(workspace), &role),
-        uid: None,
-    });
-    ops.push(Op::Delete {
-        key: ObjectKey::of::<Role>(Some(workspace), &role),
-        uid: None,
-    });
-    ops
-}
-
-/// Reads the derived namespace of `cluster` fresh and says whose it is (decision 74); its uid.
-async fn namespace_ownership(
-    ctx: &Ctx,
-    cluster: &Cluster,
-    ns_name: &str,
-) -> Result<(Ownership, Option<String>), Error> {
-    let live = Api::<Namespace>::all(ctx.client.clone())
-        .get_metadata_opt(ns_name)
-        .await
-        .map_err(kube_err(format!("read namespace {ns_name}")))?;
-    let claim = live
-        .as_ref()
-        .and_then(|m| m.labels().get(labels::NAMESPACE_CLAIM).cloned());
-    let uid = live.and_then(|m| m.uid());
-    let judge = |recorded: Option<&str>| ownership(recorded, uid.as_deref(), claim.as_deref());
-    let recorded = cluster.annotations().get(labels::NAMESPACE_UID);
-    let owner = judge(recorded.map(String::as_str));
-    if owner != Ownership::NotOurs {
-        return Ok((owner, uid));
-    }
-    // The record may be newer than the Cluster this reconcile was handed (written a moment
-    // ago by the reconcile that created the namespace): read the Cluster itself before
-    // calling the namespace somebody else's.
-    let workspace = cluster.namespace().unwrap_or_default();
-    let fresh = Api::<Cluster>::namespaced(ctx.client.clone(), &workspace)
-        .get_metadata_opt(&cluster.name_any())
-        .await
-        .map_err(kube_err(format!(
-            "read Cluster {workspace}/{}",
-            cluster.name_any()
-        )))?;
-    let recorded = fresh
-        .as_ref()
-        .and_then(|m| m.annotations().get(labels::NAMESPACE_UID).cloned());
-    Ok((judge(recorded.as_deref()), uid))
-}
-
-/// Records `value` as the Cluster's namespace record (metadata: an agent's credential cannot
-/// write it).
-async fn record_namespace(ctx: &Ctx, cluster: &Cluster, value: &str) -> Result<(), Error> {
-    let workspace = cluster.namespace().unwrap_or_default();
-    ctx.exec
-        .execute(Op::MergePatch {
-            key: ObjectKey::of::<Cluster>(Some(&workspace), &cluster.name_any()),
-            patch: serde_json::json!({"metadata": {"annotations": {labels::NAMESPACE_UID: value}}}),
-        })
-        .await?;
-    Ok(())
-}
-
-/// Creates the cluster namespace with a fresh random claim (recorded first, as its hash) and
-/// then records its uid. `false`: somebody else created it first.
-async fn create_namespace(
-    ctx: &Ctx,
-    cluster: &Cluster,
-    mut namespace: Provisioned,
-) -> Result<bool, Error> {
-    let mut bytes = [0u8; 16];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| Error::Config(format!("no randomness for a namespace claim: {e}")))?;
-    let claim: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    record_namespace(ctx, cluster, &namespace::pending_record(&claim)).await?;
-    namespace.body["metadata"]["labels"][labels::NAMESPACE_CLAIM] = serde_json::json!(claim);
-    let created = ctx
-        .exec
-        .execute(Op::Create {
-            key: namespace.key,
-            body: namespace.body,
-        })
-        .await?;
-    let Some(uid) = created.uid.filter(|_| created.wrote) else {
-        return Ok(false);
-    };
-    record_namespace(ctx, cluster, &uid).await?;
-    Ok(true)
 }
 
 /// Provisions the cluster namespace and the agent's access; `false` when the namespace is not
@@ -668,39 +456,6 @@ pub(crate) fn agent_heartbeat(ctx: &Ctx, cluster: &Cluster, ns: &str) -> Option<
         .get(&ObjectRef::new(names::AGENT_LEASE).within(ns))
         .and_then(|l| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0));
     last_heartbeat(cluster, lease)
-}
-
-/// The BundleDeployments in cluster namespace `ns`, read from the apiserver (none when the
-/// namespace is gone).
-async fn list_fresh(ctx: &Ctx, ns: &str) -> Result<Vec<BundleDeployment>, Error> {
-    let api: Api<BundleDeployment> = Api::namespaced(ctx.client.clone(), ns);
-    match api.list(&ListParams::default()).await {
-        Ok(list) => Ok(list.items),
-        Err(e) if tender_runtime::reconcile::is_not_found(&e) => Ok(Vec::new()),
-        Err(e) => Err(kube_err(format!("list BundleDeployments in {ns}"))(e)),
-    }
-}
-
-/// Works without an agent: see [`cleanup_ops`].
-async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
-    let workspace = cluster.namespace().unwrap_or_default();
-    let name = cluster.name_any();
-    let ns_name = names::cluster_namespace(&workspace, &name);
-    release(cluster, ctx);
-    // Only a namespace the hub created for this Cluster is emptied and deleted, that very
-    // one (uid precondition); somebody else's is left as it is (decision 74).
-    let (owner, uid) = namespace_ownership(ctx, cluster, &ns_name).await?;
-    if !matches!(owner, Ownership::Ours | Ownership::Claimed) {
-        tracing::info!(cluster = %name, namespace = %ns_name, "cluster deleted: its namespace is not tender's, left alone");
-        return Ok(Action::await_change());
-    }
-    // Read fresh, not from the cache: a finalizer added a moment ago must not be missed.
-    let list = list_fresh(ctx, &ns_name).await?;
-    ctx.exec
-        .execute_in_order(cleanup_ops(&workspace, &name, uid, &list))
-        .await?;
-    tracing::info!(cluster = %name, namespace = %ns_name, "cluster deleted: namespace and agent access removed");
-    Ok(Action::await_change())
 }
 
 #[cfg(test)]
