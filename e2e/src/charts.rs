@@ -47,8 +47,8 @@ pub fn run_helm_with(
 /// Writes chart `app` at `version` under `work` and packages it into `out`.
 ///
 /// The chart renders `<release>-config` (a ConfigMap whose `greeting` is the required value
-/// `greeting` and whose `version` is the chart's), a `pre-install` hook that must never be
-/// applied, and, before 0.2.0, `<release>-extra` (so an upgrade prunes it).
+/// `greeting` and whose `version` is the chart's), a `pre-install` hook (a ConfigMap: done once
+/// applied), and, before 0.2.0, `<release>-extra` (so an upgrade prunes it).
 pub fn package_app_chart(helm: &Path, work: &Path, out: &Path, version: &str) -> Result<()> {
     let dir = work.join(format!("app-{version}"));
     std::fs::create_dir_all(dir.join("templates"))?;

@@ -170,9 +170,18 @@ async fn chart_values_from_a_copied_secret_rotate_drift_upgrade_and_removal() {
         "valuesFrom is merged over the inline values"
     );
     assert!(cms.get_opt("web-extra").await.unwrap().is_some());
+    // The pre-install hook ran (applied in its phase, marked with the run that made it).
+    let hook = cms
+        .get_opt("web-hook")
+        .await
+        .unwrap()
+        .expect("the pre-install hook ran");
     assert!(
-        cms.get_opt("web-hook").await.unwrap().is_none(),
-        "hooks are skipped"
+        hook.metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key("tender.dev/hook-run"),
+        "a hook object names its run"
     );
 
     // Rotation of the copied values Secret re-renders.

@@ -147,8 +147,8 @@ async fn a_fleet_helmop_deploys_to_every_cluster_rotates_upgrades_idles_and_goes
     wait_everywhere(&cms, "web-config", "greeting", "hello").await;
     for api in &cms {
         assert!(
-            api.get_opt("web-hook").await.unwrap().is_none(),
-            "hooks are skipped"
+            api.get_opt("web-hook").await.unwrap().is_some(),
+            "the pre-install hook ran"
         );
     }
 

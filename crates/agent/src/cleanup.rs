@@ -25,11 +25,48 @@ use crate::status::describe;
 use crate::{Error, Result};
 use crate::{observe, report};
 
-/// Finalizer cleanup of a BundleDeployment being deleted: its chart's `pre-delete` hooks,
-/// then its objects deleted (or stripped with keepResources or `helm.sh/resource-policy:
-/// keep`), then the `post-delete` hooks, then its inventory (decision 0088). A hook still
-/// running or failed, or an error, keeps the finalizer (retried); nothing is removed before
-/// every `pre-delete` hook succeeded.
+/// Before the finalizer's cleanup of a BundleDeployment being deleted (decision 0088): its
+/// chart's `pre-delete` hooks, then its objects removed, then its `post-delete` hooks.
+/// `Some(action)` while a hook runs or failed (the finalizer stays: nothing is removed before
+/// every `pre-delete` hook succeeded); `None` once [`finalize`] may finish. The hooks' own
+/// objects are this removal's record of them and go last, with the inventory.
+pub(crate) async fn before_finalize(
+    bd: &BundleDeployment,
+    ctx: &Context,
+) -> Result<Option<Action>> {
+    if bd.spec.helm.is_none() {
+        return Ok(None);
+    }
+    let owner = Owner::new(&ctx.config.cluster_namespace, &bd.name_any());
+    let writer = ctx
+        .identities
+        .cleanup_writer(bd.spec.options.service_account.as_deref());
+    let mut hooks = Vec::new();
+    if let Some(wait) =
+        removal_hooks(ctx, bd, &owner, &writer, HookEvent::PreDelete, &mut hooks).await?
+    {
+        return Ok(Some(wait));
+    }
+    let recorded = ctx.read_inventory(&owner).await?.unwrap_or_default();
+    let objects: Vec<ObjectRef> = recorded
+        .objects
+        .into_iter()
+        .filter(|k| !hooks.contains(k))
+        .collect();
+    remove_objects(
+        ctx,
+        &writer,
+        &owner,
+        &objects,
+        bd.spec.options.keep_resources,
+    )
+    .await?;
+    removal_hooks(ctx, bd, &owner, &writer, HookEvent::PostDelete, &mut hooks).await
+}
+
+/// Finalizer cleanup of a BundleDeployment being deleted (after [`before_finalize`]): delete
+/// its objects (or strip them with keepResources or `helm.sh/resource-policy: keep`), then its
+/// inventory. An error keeps the finalizer (retried).
 pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
     let owner = Owner::new(&ctx.config.cluster_namespace, &bd.name_any());
     // Without an inventory (never deployed by this agent version) fall back to the status.
@@ -47,35 +84,21 @@ pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Act
     let writer = ctx
         .identities
         .cleanup_writer(bd.spec.options.service_account.as_deref());
-    let mut objects = recorded.objects.clone();
-    if let Some(wait) =
-        removal_hooks(ctx, bd, &owner, &writer, HookEvent::PreDelete, &mut objects).await?
-    {
-        return Ok(wait);
-    }
     remove_objects(
         ctx,
         &writer,
         &owner,
-        &objects,
+        &recorded.objects,
         bd.spec.options.keep_resources,
     )
     .await?;
-    let mut after = Vec::new();
-    if let Some(wait) =
-        removal_hooks(ctx, bd, &owner, &writer, HookEvent::PostDelete, &mut after).await?
-    {
-        return Ok(wait);
-    }
-    // The post-delete hooks are done: their objects go with the rest (nothing is left behind).
-    remove_objects(ctx, &writer, &owner, &after, false).await?;
     ctx.inventory.delete(&owner, recorded.uid).await?;
-    tracing::info!(bundle_deployment = %owner.annotation(), objects = objects.len(), keep = bd.spec.options.keep_resources, "cleaned up downstream");
+    tracing::info!(bundle_deployment = %owner.annotation(), objects = recorded.objects.len(), keep = bd.spec.options.keep_resources, "cleaned up downstream");
     Ok(Action::await_change())
 }
 
-/// Runs the removal hooks of `event`, recording their objects in the inventory first (added to
-/// `objects`). `Some(action)`: not done (running, failed, or the chart not rendered — then the
+/// Runs the removal hooks of `event`, recording their objects in the inventory first (their
+/// keys added to `objects`). `Some(action)`: not done (running, failed, or the chart not rendered — then the
 /// status says so and the removal waits); `None`: every hook succeeded.
 async fn removal_hooks(
     ctx: &Context,
@@ -121,7 +144,7 @@ async fn removal_hooks(
         .await?;
     for k in keys {
         if !objects.contains(&k) {
-            objects.insert(0, k);
+            objects.push(k);
         }
     }
     let run = Run {
@@ -146,7 +169,7 @@ async fn removal_hooks(
             .and_then(|h| h.timeout_seconds)
             .map(|s| std::time::Duration::from_secs(u64::from(s)))
             .unwrap_or(std::time::Duration::from_secs(300)),
-        failed_hooks: &[],
+        failed_hooks: &plan::failed_hooks(bd.status.as_ref(), &bd.spec.deployment_id),
     };
     let phase = plan::PlannedPhase {
         phase: plan::Phase::Hooks(event),

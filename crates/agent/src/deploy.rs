@@ -85,7 +85,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         correct_drift: opts.correct_drift,
         take_ownership: opts.take_ownership,
     };
-    let failed_hooks = failed_hooks(bd);
+    let failed_hooks = plan::failed_hooks(bd.status.as_ref(), &spec.deployment_id);
     let run = Run {
         ctx,
         writer: &writer,
@@ -161,27 +161,6 @@ fn outcome_of(executed: Executed, outcome: &mut Outcome) {
             _ => outcome.manifests.extend(statuses),
         }
     }
-}
-
-/// The hooks the last reported status of this deployment says failed in this very run (a
-/// `hook-failed` hook's object is gone; it is not started again before a new deployment).
-fn failed_hooks(bd: &BundleDeployment) -> Vec<ObjectRef> {
-    let Some(status) = &bd.status else {
-        return Vec::new();
-    };
-    let marker = plan::run_marker(&bd.spec.deployment_id);
-    status
-        .resources
-        .iter()
-        .filter(|s| {
-            s.state == ObjectState::Error
-                && s.message.as_deref().is_some_and(|m| {
-                    m.starts_with(tender_types::conditions::reason::HOOK_FAILED)
-                        && m.contains(&marker)
-                })
-        })
-        .map(status::object_ref)
-        .collect()
 }
 
 /// Every object of a deployment refused as a whole (its ServiceAccount not allowed), each

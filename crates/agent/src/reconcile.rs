@@ -20,6 +20,15 @@ pub(crate) async fn reconcile(bd: Arc<BundleDeployment>, ctx: Arc<Context>) -> R
     let _timer = ctx.metrics.base().reconcile(CONTROLLER);
     let name = bd.name_any();
     let object = format!("BundleDeployment {}/{name}", ctx.config.cluster_namespace);
+    // A chart's removal hooks run before the finalizer helper's cleanup, which drops the
+    // finalizer as soon as it returns: waiting for a hook must keep it.
+    if bd.metadata.deletion_timestamp.is_some()
+        && bd.finalizers().iter().any(|f| f == AGENT_CLEANUP_FINALIZER)
+        && let Some(wait) = cleanup::before_finalize(&bd, &ctx).await?
+    {
+        ctx.retries.lock().expect("retries").remove(&name);
+        return Ok(wait);
+    }
     let action = finalizer(&ctx.bds, AGENT_CLEANUP_FINALIZER, bd, |event| async {
         match event {
             Event::Apply(bd) => deploy::deploy(&bd, &ctx).await,

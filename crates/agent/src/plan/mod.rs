@@ -11,8 +11,9 @@ pub use object::{
     needs_recreate, object_plan, readiness,
 };
 pub use phases::{
-    DeployPlan, Entry, HOOK_RUN, HookProgress, HookStep, Observed, Phase, PlannedPhase, finished,
-    gate, hook_object, hook_progress, in_place, not_started, plan as deployment_plan, run_marker,
+    DeployPlan, Entry, HOOK_RUN, HookProgress, HookStep, Observed, Phase, PlannedPhase,
+    failed_hooks, finished, gate, hook_object, hook_progress, in_place, not_started,
+    plan as deployment_plan, run_marker,
 };
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -402,6 +402,32 @@ pub fn finished(live: &Value) -> Option<Result<(), String>> {
     }
 }
 
+/// The hooks the last reported status says failed in run `deployment_id` (a `hook-failed`
+/// hook's object is gone; it is not started again before a new deployment).
+pub fn failed_hooks(
+    status: Option<&tender_types::BundleDeploymentStatus>,
+    deployment_id: &str,
+) -> Vec<ObjectRef> {
+    let marker = run_marker(deployment_id);
+    status
+        .iter()
+        .flat_map(|s| &s.resources)
+        .filter(|s| {
+            s.state == ObjectState::Error
+                && s.message.as_deref().is_some_and(|m| {
+                    m.starts_with(tender_types::conditions::reason::HOOK_FAILED)
+                        && m.contains(&marker)
+                })
+        })
+        .map(|s| ObjectRef {
+            api_version: s.api_version.clone(),
+            kind: s.kind.clone(),
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+        })
+        .collect()
+}
+
 /// How a hook failure names the deployment (run) it failed in.
 pub fn run_marker(deployment_id: &str) -> String {
     let short: String = deployment_id.chars().take(12).collect();
