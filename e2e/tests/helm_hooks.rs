@@ -44,7 +44,8 @@ fn chart(helm: &std::path::Path, work: &std::path::Path, version: &str) -> Vec<u
     let sa = "apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: {{ .Release.Name }}-hooks\n  \
               annotations:\n    helm.sh/hook: pre-install,pre-upgrade\n    helm.sh/hook-weight: \"-5\"\n";
     let app = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-app\ndata:\n  \
-               v: {{ .Values.v | quote }}\n  install: {{ .Release.IsInstall | quote }}\n";
+               v: {{ .Values.v | quote }}\n  install: {{ .Release.IsInstall | quote }}\n  \
+               revision: {{ $.Release.Revision | quote }}\n";
     package_chart(
         helm,
         work,
@@ -103,6 +104,11 @@ async fn job_of_run(jobs: &Api<Job>, name: &str, not_run: Option<&str>) -> Strin
         }))
     })
     .await
+}
+
+async fn revision(cms: &Api<ConfigMap>) -> Option<String> {
+    let cm = cms.get_opt("rel-app").await.ok().flatten()?;
+    cm.data?.get("revision").cloned()
 }
 
 async fn app_value(cms: &Api<ConfigMap>) -> Option<(String, String)> {
@@ -258,9 +264,13 @@ async fn hooks_run_in_their_phases_on_install_upgrade_failure_and_removal() {
     )
     .await;
 
-    // Removal: pre-delete runs before anything is deleted.
+    // Back to the applied deployment: ready as it is, still revision 2 (a failed upgrade does
+    // not advance the release).
     ws.bundle("app", spec("two")).await;
     ws.ready("east", "app").await;
+    assert_eq!(revision(&cms).await.as_deref(), Some("2"));
+
+    // Removal: pre-delete runs before anything is deleted.
     ws.delete_bundle("app").await;
     job_of_run(&jobs, "rel-cleanup", None).await;
     stays(

@@ -137,9 +137,7 @@ async fn removal_hooks(
             owner,
             before.as_ref(),
             &record,
-            before
-                .as_ref()
-                .and_then(|r| r.chart_installed_by.as_deref()),
+            before.as_ref().and_then(|r| r.chart_release.as_deref()),
         )
         .await?;
     for k in keys {

@@ -70,12 +70,18 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     let observed = observe::observe(ctx, bd, &owner, pending).await?;
     outcome.copy_feature_disabled = observed.copy_feature_disabled;
     let plan = plan::deployment_plan(observed.input);
+    // The chart's release advances only once this deployment is applied (a failed upgrade
+    // leaves the applied revision as it was).
+    let applied_release = observed
+        .recorded
+        .as_ref()
+        .and_then(|r| r.chart_release.as_deref());
     ctx.inventory
         .write(
             &owner,
             observed.recorded.as_ref(),
             &plan.record,
-            observed.chart_installed_by.as_deref(),
+            applied_release,
         )
         .await?;
 
@@ -115,7 +121,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         cleanup::remove_objects(ctx, &writer, &owner, &plan.prune, opts.keep_resources).await?;
         let recorded = crate::inventory::Recorded {
             objects: plan.record.clone(),
-            chart_installed_by: observed.chart_installed_by.clone(),
+            chart_release: applied_release.map(str::to_string),
             ..Default::default()
         };
         ctx.inventory
@@ -123,7 +129,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
                 &owner,
                 Some(&recorded),
                 &plan.desired,
-                observed.chart_installed_by.as_deref(),
+                observed.chart_release.as_deref(),
             )
             .await?;
         if pending {

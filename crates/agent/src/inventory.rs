@@ -24,9 +24,9 @@ use crate::plan::{Owner, cluster_selector, ownership_labels};
 use crate::{Error, Result};
 
 const OBJECTS_KEY: &str = "objects";
-/// The deploymentID that first installed the deployment's Helm chart: later deployments of it
-/// are upgrades (`--is-upgrade`, the upgrade hooks), this one renders as the install it was.
-const CHART_INSTALLED_BY: &str = "tender.dev/chart-installed-by";
+/// The deployment's Helm release: `<revision>/<deploymentID>`, the revision (1: the install) the
+/// deploymentID renders as (`--is-upgrade` and `.Release.Revision` after the first).
+const CHART_RELEASE: &str = "tender.dev/chart-release";
 
 /// Name of the inventory of `owner`: `tender-inventory-<20 hex of sha256(owner annotation)>`,
 /// unique across cluster namespaces sharing one downstream cluster.
@@ -42,13 +42,13 @@ pub(crate) fn body(
     agent_namespace: &str,
     owner: &Owner,
     objects: &[ObjectRef],
-    chart_installed_by: Option<&str>,
+    chart_release: Option<&str>,
 ) -> serde_json::Value {
     let mut labels: BTreeMap<&str, String> = ownership_labels(owner).into_iter().collect();
     labels.insert(labels::INVENTORY, "true".into());
     let mut annotations = json!({ labels::OWNER_ANNOTATION: owner.annotation() });
-    if let Some(id) = chart_installed_by {
-        annotations[CHART_INSTALLED_BY] = json!(id);
+    if let Some(id) = chart_release {
+        annotations[CHART_RELEASE] = json!(id);
     }
     json!({
         "apiVersion": "v1",
@@ -96,15 +96,15 @@ pub(crate) struct Recorded {
     pub(crate) uid: Option<String>,
     /// The objects a deployment may have created.
     pub(crate) objects: Vec<ObjectRef>,
-    /// The deploymentID that first installed its chart, if any.
-    pub(crate) chart_installed_by: Option<String>,
+    /// Its Helm release (`<revision>/<deploymentID>`), if it has a chart.
+    pub(crate) chart_release: Option<String>,
 }
 
-fn installed_by(cm: &ConfigMap) -> Option<String> {
+fn release_of(cm: &ConfigMap) -> Option<String> {
     cm.metadata
         .annotations
         .as_ref()?
-        .get(CHART_INSTALLED_BY)
+        .get(CHART_RELEASE)
         .cloned()
 }
 
@@ -194,7 +194,7 @@ impl Inventory {
             (o == *owner).then(|| Recorded {
                 uid: cm.metadata.uid.clone(),
                 objects,
-                chart_installed_by: installed_by(cm),
+                chart_release: release_of(cm),
             })
         }))
     }
@@ -206,7 +206,7 @@ impl Inventory {
         owner: &Owner,
         current: Option<&Recorded>,
         objects: &[ObjectRef],
-        chart_installed_by: Option<&str>,
+        chart_release: Option<&str>,
     ) -> Result<()> {
         if let Some(op) = write_op(
             self.key(owner),
@@ -214,7 +214,7 @@ impl Inventory {
             owner,
             current,
             objects,
-            chart_installed_by,
+            chart_release,
         ) {
             // Until the write is answered nothing is known of the version it makes.
             self.see(name(owner), None);
@@ -253,13 +253,13 @@ impl Inventory {
             .filter_map(|cm| {
                 let (owner, objects) = parse(cm)?;
                 let uid = cm.metadata.uid.clone();
-                let chart_installed_by = installed_by(cm);
+                let chart_release = release_of(cm);
                 Some((
                     owner,
                     Recorded {
                         uid,
                         objects,
-                        chart_installed_by,
+                        chart_release,
                     },
                 ))
             })
@@ -275,15 +275,14 @@ fn write_op(
     owner: &Owner,
     current: Option<&Recorded>,
     objects: &[ObjectRef],
-    chart_installed_by: Option<&str>,
+    chart_release: Option<&str>,
 ) -> Option<Op> {
-    let same = current.is_some_and(|c| {
-        c.objects == objects && c.chart_installed_by.as_deref() == chart_installed_by
-    });
+    let same = current
+        .is_some_and(|c| c.objects == objects && c.chart_release.as_deref() == chart_release);
     (!same).then(|| {
         Op::Apply(Apply {
             key,
-            body: body(agent_namespace, owner, objects, chart_installed_by),
+            body: body(agent_namespace, owner, objects, chart_release),
             replace_if_immutable: false,
             fingerprint: None,
         })
@@ -338,7 +337,7 @@ mod tests {
         let recorded = |objects: Vec<ObjectRef>, installed: Option<&str>| Recorded {
             uid: None,
             objects,
-            chart_installed_by: installed.map(str::to_string),
+            chart_release: installed.map(str::to_string),
         };
         assert_eq!(write(Some(&recorded(objects.clone(), None)), None), None);
         let Some(Op::Apply(apply)) = write(None, None) else {

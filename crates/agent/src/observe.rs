@@ -27,8 +27,8 @@ pub(crate) struct Observation {
     pub(crate) input: plan::Observed,
     /// The inventory as read (`None`: none yet).
     pub(crate) recorded: Option<Recorded>,
-    /// The deploymentID that first installed the chart (recorded with the inventory).
-    pub(crate) chart_installed_by: Option<String>,
+    /// The chart's release, `<revision>/<deploymentID>` (recorded with the inventory).
+    pub(crate) chart_release: Option<String>,
     /// downstreamResources present but the copy feature is off on this agent.
     pub(crate) copy_feature_disabled: bool,
     /// How long a hook may run.
@@ -82,16 +82,16 @@ pub(crate) async fn observe(
         manifests.extend(plan_manifest(ctx, m, opts, manifest_namespaces.as_ref(), owner).await);
     }
     let recorded = ctx.read_inventory(owner).await?;
-    // The chart is upgraded once a deployment before this one installed it.
-    let chart_installed_by = spec.helm.as_ref().map(|_| {
-        recorded
-            .as_ref()
-            .and_then(|r| r.chart_installed_by.clone())
-            .unwrap_or_else(|| spec.deployment_id.clone())
+    // The release applied last is recorded `<revision>/<deploymentID>`; another deploymentID
+    // is its next revision (an upgrade), the first one revision 1 (the install).
+    let revision = spec.helm.as_ref().map(|_| {
+        crate::helm::next_release(
+            recorded.as_ref().and_then(|r| r.chart_release.as_deref()),
+            &spec.deployment_id,
+        )
     });
-    let upgrade = chart_installed_by
-        .as_deref()
-        .is_some_and(|id| id != spec.deployment_id);
+    let upgrade = revision.is_some_and(|r| r > 1);
+    let chart_release = revision.map(|r| format!("{r}/{}", spec.deployment_id));
     // The chart's objects follow the inline manifests through the same path; a chart that
     // cannot be rendered is one Error entry, which blocks pruning (nothing deployed goes away).
     let chart_from = manifests.len();
@@ -115,7 +115,7 @@ pub(crate) async fn observe(
                     &name,
                     helm,
                     &copies_ns,
-                    upgrade,
+                    revision.unwrap_or(1),
                     &copies,
                     ctx.config.policy.reads(&ctx.config.agent_namespace),
                 )
@@ -198,14 +198,14 @@ pub(crate) async fn observe(
                 .unwrap_or_default(),
         },
         recorded,
-        chart_installed_by,
+        chart_release,
         copy_feature_disabled,
         hook_timeout,
     })
 }
 
 /// The hooks of `event` (`pre-delete`, `post-delete`) of the chart of `bd`, rendered as the
-/// upgrade of what is deployed, as phase entries; `Err` says why the chart cannot be rendered.
+/// release that is deployed, as phase entries; `Err` says why the chart cannot be rendered.
 pub(crate) async fn removal_hooks(
     ctx: &Context,
     bd: &BundleDeployment,
@@ -218,6 +218,11 @@ pub(crate) async fn removal_hooks(
     let opts = &bd.spec.options;
     let default_ns = Some(opts.default_namespace.as_str()).filter(|d| !d.is_empty());
     let copies_ns = namespaces::copies_namespace(opts.target_namespace.as_deref(), default_ns);
+    // Rendered as the release that is deployed (its hooks as that revision rendered them).
+    let recorded = ctx.read_inventory(owner).await.map_err(|e| e.to_string())?;
+    let revision =
+        crate::helm::recorded_revision(recorded.as_ref().and_then(|r| r.chart_release.as_deref()))
+            .unwrap_or(1);
     let chart = ctx
         .charts
         .render(
@@ -225,7 +230,7 @@ pub(crate) async fn removal_hooks(
             &bd.name_any(),
             helm,
             copies_ns,
-            true,
+            revision,
             &[],
             ctx.config.policy.reads(&ctx.config.agent_namespace),
         )

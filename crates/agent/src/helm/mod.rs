@@ -10,6 +10,7 @@ mod cache;
 mod fetch;
 mod oci;
 mod render;
+mod revision;
 mod schema;
 mod values;
 
@@ -20,6 +21,7 @@ pub use oci::{
     parse_reference, select_tag, version_tag,
 };
 pub use render::{helm_env, parse_rendered, redact, render_args};
+pub use revision::{next_release, recorded_revision, rewrite as rewrite_revision};
 pub use schema::{external_references, reference_allowed};
 pub(crate) use values::pending_copy;
 pub use values::{ObjectData, ValueSource, merge_sources, needed_sources};
@@ -144,7 +146,7 @@ impl Charts {
         bd: &str,
         helm: &HelmOptions,
         namespace: &str,
-        upgrade: bool,
+        revision: u32,
         copies: &[Planned],
         reads: Reads<'_>,
     ) -> Result<RenderedChart, ChartFailure> {
@@ -168,7 +170,7 @@ impl Charts {
             "values": merged,
             "auth": auth.as_ref().map(|(u, p)| value_hash(&json!([u, p]))),
             "namespace": namespace,
-            "upgrade": upgrade,
+            "revision": revision,
         }));
         if let Some((k, objects)) = self.renders.lock().expect("render memo").get(bd)
             && *k == memo_key
@@ -186,6 +188,24 @@ impl Charts {
                     .await?
             };
             self.check_schemas(&chart, &helm.chart).await?;
+            // A later revision renders from a copy whose templates say so (decision 0088).
+            let unpacked = self.cache.dir().join(".revisions").join(&memo_key[..16]);
+            let rewritten = if revision > 1 {
+                let (archive, into) = (chart.clone(), unpacked.clone());
+                tokio::task::spawn_blocking(move || {
+                    revision::unpack_for_revision(&archive, &into, revision)
+                })
+                .await
+                .map_err(|e| ChartFailure::new(reason::CHART_RENDER_FAILED, e.to_string()))?
+                .map_err(|e| {
+                    ChartFailure::new(
+                        reason::CHART_RENDER_FAILED,
+                        format!("unpacking the chart for revision {revision}: {e}"),
+                    )
+                })?
+            } else {
+                None
+            };
             let kube_version = down
                 .client
                 .apiserver_version()
@@ -197,18 +217,22 @@ impl Charts {
                 home: self.cache.dir(),
                 max_rendered_bytes: self.limits.max_rendered_bytes,
             };
-            render::template(
+            let out = render::template(
                 &self.helm,
                 &sandbox,
                 &release,
                 namespace,
-                upgrade,
-                &chart,
+                revision > 1,
+                rewritten.as_deref().unwrap_or(&chart),
                 kube_version.as_deref(),
                 &api_versions,
                 &merged,
             )
-            .await
+            .await;
+            if rewritten.is_some() {
+                let _ = std::fs::remove_dir_all(&unpacked);
+            }
+            out
         };
         let objects = match tokio::time::timeout(timeout, work).await {
             Ok(r) => r?,
