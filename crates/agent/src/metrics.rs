@@ -96,7 +96,7 @@ impl AgentMetrics {
         );
         r.register(
             "hub_access_lost",
-            "1 while the hub refuses the agent's identity (401/403) or its Cluster does not exist (HubAccessLost); nothing is deleted downstream meanwhile",
+            "Whether the hub refuses the agent's identity (401/403) or its Cluster does not exist (HubAccessLost; 1 = yes); nothing is deleted downstream meanwhile",
             hub_access_lost.clone(),
         );
         Self {
@@ -213,14 +213,18 @@ mod tests {
             "{text}"
         );
         assert!(!text.lines().any(|l| l.starts_with("agent_")), "{text}");
-        assert!(text.contains("tender_agent_hub_access_lost 0"), "{text}");
+        assert!(
+            text.lines().any(|l| l == "tender_agent_hub_access_lost 0"),
+            "{text}"
+        );
         metrics.hub_access(true);
         assert!(metrics.hub_access_lost());
         assert!(
             metrics
                 .shared()
                 .encode()
-                .contains("tender_agent_hub_access_lost 1")
+                .lines()
+                .any(|l| l == "tender_agent_hub_access_lost 1")
         );
     }
 }
