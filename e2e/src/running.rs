@@ -196,6 +196,12 @@ impl Running {
         self.wait_ready().await;
     }
 
+    /// Starts the same command again without waiting for `/readyz` (an agent whose hub
+    /// refuses it never becomes ready).
+    pub fn respawn(&mut self) {
+        self.process.restart().unwrap();
+    }
+
     pub fn assert_running(&mut self) {
         assert!(
             self.process.exited().is_none(),

@@ -888,6 +888,8 @@ async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
             .await;
         wait_gone(&bds, bundle, "BundleDeployment gone without the agent").await;
     }
+    // (Nothing downstream can change while the agent is away; what it removes on its return,
+    // and what it must not, is e2e/tests/agent_return.rs with the real binary.)
     let down = ws.downstream(&east.downstream).await;
     assert!(
         Api::<Secret>::namespaced(down.clone(), &gone_ns)
@@ -895,7 +897,7 @@ async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
             .await
             .unwrap()
             .is_some(),
-        "nothing happens while the agent is away"
+        "deployed before the agent went away"
     );
 
     east.restart().await;

@@ -173,7 +173,10 @@ async fn a_cluster_deleted_while_its_agent_is_offline_deletes_nothing_downstream
         "an offline agent is not waited for: {:?}",
         started.elapsed()
     );
-    // Unreachable is never a reason to delete: everything stays downstream.
+    // Unreachable is never a reason to delete: everything stays downstream — also once the
+    // agent is back, its identity gone with the Cluster (e2e/tests/agent_return.rs: the real
+    // binary, and an identity that outlives the Cluster).
+    east.restart().await;
     stays(
         "the offline cluster's objects downstream",
         Duration::from_secs(3),

@@ -741,3 +741,159 @@ async fn a_push_cluster_refuses_a_bundle_naming_a_service_account() {
     )
     .await;
 }
+
+/// Deleting push Clusters (issue 22 item 9): one the hub reaches has its objects removed
+/// downstream by the in-hub agent — not what `keepResources` keeps, not an unmanaged object of
+/// the same name — before its namespace goes; one the hub cannot reach at that moment has
+/// nothing deleted, its deletion still completes, and nothing happens when it answers again.
+#[tokio::test]
+async fn a_deleted_push_cluster_is_cleaned_up_when_reachable_and_left_alone_when_not() {
+    let env = shared_env(2).await;
+    let ws = Workspace::without_hub(env, "push-delete").await;
+    let mut config = hub_config(&ws.ns);
+    config.push.probe_interval = Duration::from_secs(1);
+    config.push.probe_timeout = Duration::from_secs(2);
+    config.push.heartbeat_interval = Duration::from_secs(2);
+    config.agent_offline_after = Duration::from_secs(6);
+    let _hub = start_hub(env, config).await.unwrap();
+    let (near_name, far_name) = (downstream_name(1), downstream_name(2));
+    kubeconfig_secret(
+        &ws,
+        "near-kubeconfig",
+        &env.kubeconfig_as(&near_name, ADMIN_USER),
+    )
+    .await;
+    let far_server = env.cluster(&far_name).server.clone();
+    let proxy = TcpProxy::for_server(&far_server).await.unwrap();
+    let far_kubeconfig =
+        proxy.rewrite_kubeconfig(&env.kubeconfig_as(&far_name, ADMIN_USER), &far_server);
+    kubeconfig_secret(&ws, "far-kubeconfig", &far_kubeconfig).await;
+    push_cluster(&ws, "near", "near-kubeconfig").await;
+    push_cluster(&ws, "far", "far-kubeconfig").await;
+    connection(&ws, "near", "ClusterConnected").await;
+    connection(&ws, "far", "ClusterConnected").await;
+
+    ws.source_secret("db-creds", &[("password", "one")]).await;
+    ws.source_config_map("app-config", &[("mode", "blue")])
+        .await;
+    let target = unique_name("apps");
+    let kept_ns = unique_name("kept");
+    ws.bundle("app", app_bundle(&["near", "far"], &target, false))
+        .await;
+    ws.bundle("kept", app_bundle(&["near", "far"], &kept_ns, true))
+        .await;
+    for cluster in ["near", "far"] {
+        ws.ready(cluster, "app").await;
+        ws.ready(cluster, "kept").await;
+    }
+    let (near, far) = (
+        ws.downstream(&near_name).await,
+        ws.downstream(&far_name).await,
+    );
+    // Not tender's: a ConfigMap named like the manifest, in a namespace of its own.
+    let bystander_ns = unique_name("bystander");
+    fixture::create_namespace(&near, &bystander_ns).await;
+    let bystander: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "app-settings"}, "data": {"a": "b"}}))
+            .unwrap();
+    let bystanders = Api::<ConfigMap>::namespaced(near.clone(), &bystander_ns);
+    bystanders
+        .create(&PostParams::default(), &bystander)
+        .await
+        .unwrap();
+    let bystander_version = bystanders
+        .get("app-settings")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    // (uid, still tender's) of the Bundle's three objects in `ns`.
+    let objects = |down: kube::Client, ns: String| async move {
+        let secret = Api::<Secret>::namespaced(down.clone(), &ns)
+            .get_opt("db-creds")
+            .await
+            .unwrap()
+            .map(|s| s.metadata);
+        let cms = Api::<ConfigMap>::namespaced(down, &ns);
+        let config = cms.get_opt("app-config").await.unwrap().map(|c| c.metadata);
+        let settings = cms
+            .get_opt("app-settings")
+            .await
+            .unwrap()
+            .map(|c| c.metadata);
+        [secret, config, settings].map(|m| {
+            m.map(|m| {
+                let owned = m
+                    .annotations
+                    .is_some_and(|a| a.contains_key(labels::OWNER_ANNOTATION));
+                (m.uid.unwrap_or_default(), owned)
+            })
+        })
+    };
+    let near_kept = objects(near.clone(), kept_ns.clone()).await;
+    let far_before = (
+        objects(far.clone(), target.clone()).await,
+        objects(far.clone(), kept_ns.clone()).await,
+    );
+    assert!(
+        near_kept
+            .iter()
+            .all(|o| o.as_ref().is_some_and(|(_, owned)| *owned))
+    );
+
+    proxy.cut();
+    connection(&ws, "far", "ClusterUnreachable").await;
+    let clusters: Api<Cluster> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    for name in ["near", "far"] {
+        clusters
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(ws.hub.clone());
+    for name in ["near", "far"] {
+        let ns = ws.cluster_ns(name);
+        eventually(
+            &format!("Cluster {name} and its namespace gone"),
+            WAIT,
+            || async {
+                let cluster = clusters.get_opt(name).await?;
+                let namespace = namespaces.get_opt(&ns).await?;
+                Ok::<_, kube::Error>((cluster.is_none() && namespace.is_none()).then_some(()))
+            },
+        )
+        .await;
+    }
+    // Near: the app's objects went before the Cluster did; kept ones stay, released.
+    assert_eq!(
+        objects(near.clone(), target.clone()).await,
+        [None, None, None],
+        "the deleted push cluster's objects"
+    );
+    let released = near_kept.clone().map(|o| o.map(|(uid, _)| (uid, false)));
+    assert_eq!(objects(near.clone(), kept_ns.clone()).await, released);
+    assert_eq!(
+        bystanders
+            .get("app-settings")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        bystander_version,
+        "the unmanaged object of the same name"
+    );
+    // Far: nothing deleted, also once it answers again (its task is gone with the Cluster).
+    proxy.restore();
+    stays(
+        "the unreachable push cluster's objects after its deletion",
+        Duration::from_secs(4),
+        &far_before,
+        || async {
+            (
+                objects(far.clone(), target.clone()).await,
+                objects(far.clone(), kept_ns.clone()).await,
+            )
+        },
+    )
+    .await;
+}

@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use tender_types::labels;
-use tender_types::{BundleDeployment, ObjectRef, ObjectState, ObjectStatus};
+use tender_types::{BundleDeployment, Cluster, ObjectRef, ObjectState, ObjectStatus};
 
 use tender_runtime::Executor;
 
@@ -259,6 +259,36 @@ async fn remove_object(
     Ok(())
 }
 
+/// Whether the start-up sweep may run, from the agent's Cluster as the hub shows it right
+/// after the list of BundleDeployments (decision 81). Pure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SweepGate {
+    /// The Cluster exists and is not being deleted: the list is of a live cluster namespace.
+    Sweep,
+    /// The Cluster is being deleted: the hub removes its BundleDeployments (and, if this agent
+    /// reports in, waits for their finalizers); leftovers of vanished ones are not swept.
+    SkipDeleting,
+    /// The Cluster does not exist: an empty list means nothing (the namespace may be gone), so
+    /// nothing is swept and the agent does not start.
+    ClusterGone,
+}
+
+/// See [`SweepGate`].
+pub(crate) fn sweep_gate(cluster: Option<&Cluster>) -> SweepGate {
+    match cluster {
+        None => SweepGate::ClusterGone,
+        Some(c) if c.metadata.deletion_timestamp.is_some() => SweepGate::SkipDeleting,
+        Some(_) => SweepGate::Sweep,
+    }
+}
+
+/// Whether a hub error means the hub no longer accepts this agent's identity (its Cluster
+/// was deleted and with it the ServiceAccount, its access was revoked, or its token expired).
+/// Pure.
+pub(crate) fn access_lost(reason: &str) -> bool {
+    matches!(reason, "Unauthorized" | "Forbidden")
+}
+
 /// Start-up sweep. `existing` is the result of a SUCCESSFUL list of BundleDeployments on the
 /// hub; every candidate is also confirmed absent with a GET (404) before anything is removed,
 /// and any hub error aborts the sweep (retried) instead of deleting.
@@ -355,4 +385,29 @@ pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<
         tracing::info!(count = vanished.len(), "start-up sweep done");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
+    #[test]
+    fn the_sweep_runs_only_for_a_cluster_that_exists_and_is_not_being_deleted() {
+        let mut cluster = Cluster::new("east", Default::default());
+        assert_eq!(sweep_gate(Some(&cluster)), SweepGate::Sweep);
+        cluster.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(10).unwrap()));
+        assert_eq!(sweep_gate(Some(&cluster)), SweepGate::SkipDeleting);
+        assert_eq!(sweep_gate(None), SweepGate::ClusterGone);
+    }
+
+    #[test]
+    fn only_refusals_of_the_identity_are_a_lost_access() {
+        assert!(access_lost("Unauthorized"));
+        assert!(access_lost("Forbidden"));
+        for other in ["NotFound", "RequestFailed", "ApiError", "TooManyRequests"] {
+            assert!(!access_lost(other), "{other}");
+        }
+    }
 }

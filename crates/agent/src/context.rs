@@ -12,8 +12,8 @@ use kube::runtime::reflector::ObjectRef as KubeRef;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher::DefaultBackoff;
 use tender_runtime::Executor;
-use tender_types::BundleDeployment;
 use tender_types::labels::AGENT_FIELD_MANAGER;
+use tender_types::{BundleDeployment, Cluster};
 
 use crate::AgentMetrics;
 use crate::config::AgentConfig;
@@ -28,6 +28,8 @@ use crate::plan::Owner;
 pub(crate) struct Context {
     /// The BundleDeployments of this cluster namespace on the hub.
     pub(crate) bds: Api<BundleDeployment>,
+    /// The Clusters of the workspace on the hub (the agent may read only its own).
+    pub(crate) clusters: Api<Cluster>,
     /// Discovery and reads downstream.
     pub(crate) down: Downstream,
     /// Writes downstream as the agent itself (its namespace, inventories).
@@ -80,6 +82,7 @@ impl Context {
         let hub_writer = writer(&hub);
         Self {
             bds: Api::namespaced(hub.clone(), ns),
+            clusters: Api::namespaced(hub.clone(), &config.workspace_namespace),
             inventory: Inventory::new(
                 downstream.clone(),
                 &config.agent_namespace,

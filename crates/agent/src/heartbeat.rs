@@ -15,10 +15,12 @@ use kube::api::ObjectMeta;
 use serde_json::json;
 use tender_runtime::executor::{Apply, body_of};
 use tender_runtime::{Executor, ObjectKey, Op};
+use tender_types::conditions::reason;
 use tender_types::names::AGENT_LEASE;
 use tender_types::{AgentStatus, Cluster};
 
 use crate::AgentMetrics;
+use crate::cleanup::access_lost;
 use crate::config::{AgentConfig, ShutdownSignal, VERSION};
 
 /// The Lease body renewed on every heartbeat.
@@ -119,17 +121,26 @@ pub(crate) async fn run(
         let hub = hub.clone();
         async move {
             match tokio::time::timeout(bound, hub.execute(op)).await {
-                Ok(result) => result.map(|_| ()).map_err(|e| e.to_string()),
-                Err(_) => Err(format!("no answer within {bound:?}")),
+                Ok(result) => result.map(|_| ()).map_err(|e| (e.to_string(), e.reason())),
+                Err(_) => Err((format!("no answer within {bound:?}"), "Timeout")),
             }
         }
     };
     loop {
         let now = Timestamp::now();
-        let ok = bounded(lease_op(&config, now))
-            .await
-            .inspect_err(|error| tracing::warn!(%error, namespace = %config.cluster_namespace, "cannot renew the heartbeat Lease on the hub; retrying"))
-            .is_ok();
+        let renewed = bounded(lease_op(&config, now)).await;
+        let ok = renewed.is_ok();
+        match renewed {
+            Ok(()) => metrics.hub_access(false),
+            // The hub refuses the identity: the Cluster was deleted or its access revoked.
+            Err((error, why)) if access_lost(why) => {
+                metrics.hub_access(true);
+                tracing::error!(%error, reason = reason::HUB_ACCESS_LOST, cause = why, namespace = %config.cluster_namespace, "the hub refuses this agent's heartbeat (its Cluster was deleted, its access revoked or its token expired): nothing is deleted downstream; retrying");
+            }
+            Err((error, _)) => {
+                tracing::warn!(%error, namespace = %config.cluster_namespace, "cannot renew the heartbeat Lease on the hub; retrying")
+            }
+        }
         metrics.heartbeat("lease", ok);
         failures = if ok { 0 } else { failures.saturating_add(1) };
 
@@ -146,7 +157,7 @@ pub(crate) async fn run(
                     shown = Some(wanted);
                     metrics.heartbeat("cluster_status", true);
                 }
-                Err(error) => {
+                Err((error, _)) => {
                     metrics.heartbeat("cluster_status", false);
                     tracing::warn!(%error, cluster = %config.cluster_name, "cannot write the Cluster's agent status on the hub; retrying");
                 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tender_runtime::Metrics;
 
 /// Labels of `tender_agent_objects_written_total`.
@@ -41,6 +42,7 @@ pub struct AgentMetrics {
     conflicts: Counter,
     heartbeats: Family<HeartbeatLabels, Counter>,
     swept: Counter,
+    hub_access_lost: Gauge,
 }
 
 impl AgentMetrics {
@@ -53,6 +55,7 @@ impl AgentMetrics {
         let conflicts = Counter::default();
         let heartbeats = Family::<HeartbeatLabels, Counter>::default();
         let swept = Counter::default();
+        let hub_access_lost = Gauge::default();
         let r = metrics
             .registry_mut()
             .sub_registry_with_prefix("tender_agent");
@@ -91,6 +94,11 @@ impl AgentMetrics {
             "Downstream objects of vanished BundleDeployments removed or released at start-up",
             swept.clone(),
         );
+        r.register(
+            "hub_access_lost",
+            "Whether the hub refuses the agent's identity (401/403) or its Cluster does not exist (HubAccessLost; 1 = yes); nothing is deleted downstream meanwhile",
+            hub_access_lost.clone(),
+        );
         Self {
             base: Arc::new(metrics),
             objects_written,
@@ -100,6 +108,7 @@ impl AgentMetrics {
             conflicts,
             heartbeats,
             swept,
+            hub_access_lost,
         }
     }
 
@@ -168,6 +177,15 @@ impl AgentMetrics {
         self.swept.inc();
     }
 
+    pub(crate) fn hub_access(&self, lost: bool) {
+        self.hub_access_lost.set(i64::from(lost));
+    }
+
+    /// Whether the hub refuses the agent (or its Cluster is gone), for tests.
+    pub fn hub_access_lost(&self) -> bool {
+        self.hub_access_lost.get() == 1
+    }
+
     /// The shared registry, borrowed.
     pub fn base(&self) -> &Metrics {
         &self.base
@@ -195,5 +213,18 @@ mod tests {
             "{text}"
         );
         assert!(!text.lines().any(|l| l.starts_with("agent_")), "{text}");
+        assert!(
+            text.lines().any(|l| l == "tender_agent_hub_access_lost 0"),
+            "{text}"
+        );
+        metrics.hub_access(true);
+        assert!(metrics.hub_access_lost());
+        assert!(
+            metrics
+                .shared()
+                .encode()
+                .lines()
+                .any(|l| l == "tender_agent_hub_access_lost 1")
+        );
     }
 }

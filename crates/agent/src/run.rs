@@ -15,6 +15,7 @@ use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::{Client, ResourceExt};
 use tender_runtime::Health;
 use tender_types::BundleDeployment;
+use tender_types::conditions::reason;
 
 use crate::config::{AgentConfig, ShutdownSignal};
 use crate::context::Context;
@@ -56,14 +57,15 @@ pub(crate) async fn run(
 
     // Nothing is deployed (or swept) before the agent namespace exists and the sweep ran.
     let mut backoff = DefaultBackoff::default();
-    while let Err(error) = startup(&ctx).await {
+    while let Err(failure) = startup(&ctx).await {
         let delay = backoff.next().unwrap_or(std::time::Duration::from_secs(30));
-        tracing::warn!(%error, reason = error.reason(), retry_in = ?delay, "agent start-up (namespace, hub list, sweep) failed; retrying");
+        report_startup_failure(&ctx, &failure, delay);
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
             () = shutdown.clone() => return Ok(()),
         }
     }
+    ctx.metrics.hub_access(false);
 
     let (bd_store, bd_writer) = reflector::store();
     let bd_stream = reflector::reflector(
@@ -146,8 +148,33 @@ pub(crate) async fn run(
     Ok(())
 }
 
-/// Agent namespace downstream, then a successful hub list, then the sweep.
-async fn startup(ctx: &Context) -> Result<()> {
+/// Why start-up failed, and whether it is the hub refusing this agent (or its Cluster gone).
+pub(crate) struct Failure {
+    error: Error,
+    hub_access_lost: bool,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        Self {
+            error,
+            hub_access_lost: false,
+        }
+    }
+}
+
+/// A hub request's error, marked as a lost access when the hub refuses the identity.
+fn hub_failure(error: Error) -> Failure {
+    let hub_access_lost = cleanup::access_lost(error.reason());
+    Failure {
+        error,
+        hub_access_lost,
+    }
+}
+
+/// Agent namespace downstream, then a successful hub list, then the sweep — only while the
+/// agent's Cluster exists and is not being deleted (decision 81).
+async fn startup(ctx: &Context) -> std::result::Result<(), Failure> {
     let agent_ns = &ctx.config.agent_namespace;
     let namespaces: Api<Namespace> = Api::all(ctx.down.client.clone());
     let existing = namespaces.get_opt(agent_ns).await.map_err(|e| {
@@ -162,14 +189,70 @@ async fn startup(ctx: &Context) -> Result<()> {
             .execute(plan::namespace_op(agent_ns))
             .await?;
     }
+    let ns = &ctx.config.cluster_namespace;
     let list = ctx.bds.list(&ListParams::default()).await.map_err(|e| {
-        let ns = &ctx.config.cluster_namespace;
-        Error::kube(
+        hub_failure(Error::kube(
             format!("list BundleDeployments in {ns} on the hub"),
             false,
             e,
-        )
+        ))
     })?;
+    // An empty list is only meaningful while the Cluster exists: with an identity that still
+    // authenticates (push mode, a client certificate) the list of a deleted cluster namespace
+    // is empty, and sweeping it would delete everything. Read after the list.
+    let name = &ctx.config.cluster_name;
+    let ws = &ctx.config.workspace_namespace;
+    let cluster = ctx.clusters.get_opt(name).await.map_err(|e| {
+        hub_failure(Error::kube(
+            format!("read Cluster {ws}/{name} on the hub"),
+            false,
+            e,
+        ))
+    })?;
+    match cleanup::sweep_gate(cluster.as_ref()) {
+        cleanup::SweepGate::Sweep => {}
+        cleanup::SweepGate::SkipDeleting => {
+            tracing::info!(cluster = %name, "the Cluster is being deleted on the hub: start-up sweep skipped");
+            return Ok(());
+        }
+        cleanup::SweepGate::ClusterGone => {
+            return Err(Failure {
+                error: cluster_gone(ws, name),
+                hub_access_lost: true,
+            });
+        }
+    }
     let existing: BTreeSet<String> = list.items.iter().map(|bd| bd.name_any()).collect();
-    cleanup::sweep(ctx, &existing).await
+    Ok(cleanup::sweep(ctx, &existing).await?)
+}
+
+/// The start-up error of an agent whose Cluster does not exist on the hub.
+fn cluster_gone(ws: &str, name: &str) -> Error {
+    let status = kube::core::Status {
+        code: 404,
+        reason: "NotFound".into(),
+        message: format!("Cluster {ws}/{name} does not exist"),
+        ..Default::default()
+    };
+    Error::kube(
+        format!("find Cluster {ws}/{name} on the hub (nothing is swept or deleted downstream)"),
+        false,
+        kube::Error::Api(status.boxed()),
+    )
+}
+
+/// Logs a failed start-up and keeps the hub-access gauge: the hub refusing the identity or
+/// the Cluster missing is an error (`HubAccessLost`) an operator must act on; anything else a
+/// warning that retrying fixes.
+fn report_startup_failure(ctx: &Context, failure: &Failure, retry_in: std::time::Duration) {
+    let Failure {
+        error,
+        hub_access_lost,
+    } = failure;
+    ctx.metrics.hub_access(*hub_access_lost);
+    if *hub_access_lost {
+        tracing::error!(%error, reason = reason::HUB_ACCESS_LOST, cause = error.reason(), cluster = %ctx.config.cluster_name, ?retry_in, "the hub does not accept this agent (its Cluster was deleted, its access revoked or its token expired): nothing is deleted downstream; register the cluster again (tender cluster add) and replace the hub kubeconfig");
+    } else {
+        tracing::warn!(%error, reason = error.reason(), ?retry_in, "agent start-up (namespace, hub list, sweep) failed; retrying");
+    }
 }

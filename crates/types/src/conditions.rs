@@ -143,6 +143,9 @@ pub mod reason {
     pub const KUBECONFIG_REFUSED: &str = "KubeconfigRefused";
     /// Push mode: the downstream apiserver does not answer in time.
     pub const CLUSTER_UNREACHABLE: &str = "ClusterUnreachable";
+    /// Agent log and `tender_agent_hub_access_lost`: the hub refuses the agent's identity
+    /// (401/403) or its Cluster no longer exists; nothing is deleted downstream (decision 81).
+    pub const HUB_ACCESS_LOST: &str = "HubAccessLost";
 }
 
 /// The condition of `type_`, if present.
