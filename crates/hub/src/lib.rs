@@ -25,6 +25,7 @@ pub mod helmop;
 pub mod push;
 mod slim;
 pub mod sources;
+mod summary;
 mod triggers;
 pub mod upstream;
 mod watch;

@@ -30,10 +30,11 @@ use tender_types::{Bundle, BundleDeployment, BundleStatus, hash, labels, names};
 
 use crate::Error;
 use crate::context::{Ctx, status_op};
+use crate::summary::summarize;
 use observe::no_labels;
 use ops::{CopyStep, DeploymentStep, LiveCopy, SourceObject};
 use plan::{ClusterView, SourceKey};
-use status::{BundleFacts, bundle_status, summarize};
+use status::{BundleFacts, bundle_status};
 
 const CONTROLLER: &str = "bundle";
 /// Clusters whose BundleDeployment and copies are written concurrently per Bundle.

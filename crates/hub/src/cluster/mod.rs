@@ -36,8 +36,8 @@ use serde_json::Value;
 use tender_runtime::executor::{Apply, ObjectKey, Op, body_of};
 use tender_types::{BundleDeployment, Cluster, ClusterMode, hash, labels, names};
 
-use crate::bundle::status::summarize;
 use crate::context::{Ctx, status_op};
+use crate::summary::summarize;
 use crate::{Error, kube_err};
 
 const CONTROLLER: &str = "cluster";
