@@ -69,7 +69,8 @@ pub(crate) async fn reconcile(
             .stores
             .clusters
             .get(&ObjectRef::new(cluster).within(&bundle_ns));
-        let mut place_labels = plan::placeholder_labels(&bundle_ns, &name, cluster);
+        let mut place_labels =
+            tender_types::upstream::placeholder_labels(&bundle_ns, &name, cluster);
         if let Some(id) = &ctx.config.shard_id {
             // In this replica's caches of the cluster namespace (decision 62).
             place_labels.insert(labels::SHARD.into(), id.clone());
