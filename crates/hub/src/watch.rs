@@ -88,7 +88,6 @@ fn scope_controllers(
         config.push.clone(),
         config.copy_resources_downstream,
         config.instance.clone(),
-        hub.push.clone(),
         push_tx,
     );
     let recorder = Recorder::new(
