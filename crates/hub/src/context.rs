@@ -124,6 +124,8 @@ pub(crate) struct Ctx {
     pub bd_names: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
     /// Reverse sync: verdicts on placeholders and the agents' upstream access applied.
     pub upstream: UpstreamMemo,
+    /// Per-object retry delays of every controller of this scope (reset on success).
+    pub retries: tender_runtime::retry::Backoffs,
     /// Clusters (workspace, name) whose status differs from the written one only by the
     /// BundleDeployment summary, and when that summary is due (decision 53).
     pub summary_due: Mutex<HashMap<(String, String), std::time::Instant>>,

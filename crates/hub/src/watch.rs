@@ -131,6 +131,7 @@ fn scope_controllers(
         push,
         bd_names: Default::default(),
         upstream: Default::default(),
+        retries: Default::default(),
         summary_due: Mutex::default(),
         shard_exec,
         invalid_shards: Mutex::default(),
