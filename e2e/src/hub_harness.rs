@@ -111,6 +111,17 @@ impl HubHandle {
             .unwrap_or(0)
     }
 
+    /// Failed reconciliations of `controller`, every reason summed.
+    pub fn reconcile_errors(&self, controller: &str) -> u64 {
+        let pat = format!("reconcile_errors_total{{controller=\"{controller}\",");
+        self.metrics
+            .encode()
+            .lines()
+            .filter_map(|l| l.strip_prefix(&pat))
+            .filter_map(|rest| rest.rsplit_once(' ')?.1.trim().parse::<u64>().ok())
+            .sum()
+    }
+
     /// Waits until the hub reports ready (caches synced, controllers running).
     pub async fn wait_ready(&self, timeout: Duration) {
         let health = self.health.clone();
