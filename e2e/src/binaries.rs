@@ -41,7 +41,7 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Builds the three binaries once per test process (`cargo build -p tender-hub -p
+/// Builds the three binaries once per test process (`cargo build -p tender-hub-bin -p
 /// tender-agent -p tender-cli`, a no-op when they are fresh) and returns their paths. The
 /// build goes to the target directory the tests themselves were built in, so nothing is
 /// compiled twice.
@@ -81,7 +81,7 @@ pub fn tender_binaries() -> Result<&'static Binaries> {
         "build",
         "--locked",
         "-p",
-        "tender-hub",
+        "tender-hub-bin",
         "-p",
         "tender-agent",
         "-p",
@@ -102,7 +102,7 @@ pub fn tender_binaries() -> Result<&'static Binaries> {
     }
     let status = cmd.status().context("running cargo build")?;
     if !status.success() {
-        bail!("cargo build of tender-hub, tender-agent and tender-cli failed ({status})");
+        bail!("cargo build of tender-hub-bin, tender-agent and tender-cli failed ({status})");
     }
     let binaries = Binaries {
         hub: profile.join("tender-hub"),

@@ -111,6 +111,17 @@ impl HubHandle {
             .unwrap_or(0)
     }
 
+    /// Failed reconciliations of `controller`, every reason summed.
+    pub fn reconcile_errors(&self, controller: &str) -> u64 {
+        let pat = format!("reconcile_errors_total{{controller=\"{controller}\",");
+        self.metrics
+            .encode()
+            .lines()
+            .filter_map(|l| l.strip_prefix(&pat))
+            .filter_map(|rest| rest.rsplit_once(' ')?.1.trim().parse::<u64>().ok())
+            .sum()
+    }
+
     /// Waits until the hub reports ready (caches synced, controllers running).
     pub async fn wait_ready(&self, timeout: Duration) {
         let health = self.health.clone();
@@ -171,13 +182,16 @@ pub async fn start_hub(env: &TestEnv, config: HubConfig) -> Result<HubHandle> {
 
 /// Starts a hub in-process talking to the apiserver of `kubeconfig` (YAML; e.g. one rewritten
 /// to go through a proxy) and returns at once, without waiting for it to be ready or to lead.
-pub async fn spawn_hub(kubeconfig: &str, config: HubConfig) -> Result<HubHandle> {
+pub async fn spawn_hub(kubeconfig: &str, mut config: HubConfig) -> Result<HubHandle> {
     let mut metrics = Metrics::new();
-    let mut hub_metrics = HubMetrics::register(&mut metrics);
-    // Like the binary: push clusters' in-hub agents count into the hub's registry.
+    let hub_metrics = HubMetrics::register(&mut metrics);
+    // Like the binary: push clusters' in-hub agents run by the binary's runner and count into
+    // the hub's registry.
     let push_metrics = tender_agent::AgentMetrics::register(metrics);
     let metrics = push_metrics.shared();
-    hub_metrics.push = Some(push_metrics);
+    if config.push.runner.is_none() {
+        config.push.runner = Some(tender_hub_bin::AgentRunner::new(push_metrics).shared());
+    }
     let kubeconfig = Kubeconfig::from_yaml(kubeconfig)?;
     let kconfig =
         kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;

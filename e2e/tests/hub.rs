@@ -972,3 +972,97 @@ async fn deleting_a_bundle_removes_its_deployments_and_copies() {
     })
     .await;
 }
+
+/// Issue 23 item 4 / decision 0086: a Bundle whose BundleDeployment the apiserver keeps
+/// refusing is retried with a growing per-object delay (1, 2, 4, 8, 16, 30 s), not every few
+/// seconds for ever, and is deployed once the cause goes away.
+#[tokio::test]
+async fn a_bundle_whose_writes_keep_failing_backs_off_and_deploys_once_fixed() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let w = World::new("hub-backoff", 1, false).await;
+    let cns = w.cluster_ns(&w.clusters[0]);
+    // An in-apiserver policy refusing exactly this workspace's BundleDeployment "doomed".
+    let name = format!("tender-e2e-{}", w.ws);
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["tender.dev"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["bundledeployments"],
+            }]},
+            "validations": [{
+                "expression": format!(
+                    "object.metadata.name != 'doomed' || object.metadata.namespace != '{cns}'"
+                ),
+                "message": "refused by the e2e policy",
+            }],
+        },
+    }))
+    .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }))
+    .unwrap();
+    let policies = Api::<ValidatingAdmissionPolicy>::all(w.admin.clone());
+    let bindings = Api::<ValidatingAdmissionPolicyBinding>::all(w.admin.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // The policy is in force once a dry-run create of the refused object fails.
+    let probe = BundleDeployment::new("doomed", Default::default());
+    let bds = Api::<BundleDeployment>::namespaced(w.admin.clone(), &cns);
+    eventually("the admission policy to be in force", WAIT, || async {
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        Ok::<_, kube::Error>(bds.create(&dry, &probe).await.is_err().then_some(()))
+    })
+    .await;
+
+    w.create_bundle("doomed", bundle_spec(everything(), vec![]))
+        .await;
+    let first = eventually("the Bundle's first failed reconcile", WAIT, || async {
+        let n = w.hub.reconcile_errors("bundle");
+        Ok::<_, kube::Error>((n > 0).then_some(n))
+    })
+    .await;
+    // Over 40 s a fixed 3 s retry fails ~13 more times; the backoff at most 5 (1+2+4+8+16 s).
+    let window = Duration::from_secs(40);
+    stays(
+        "at most 6 more failed reconciles of the refused Bundle (backoff)",
+        window,
+        &true,
+        || async { w.hub.reconcile_errors("bundle") - first <= 6 },
+    )
+    .await;
+    let failed = w.hub.reconcile_errors("bundle") - first;
+    assert!(
+        failed >= 3,
+        "still retried within {window:?} ({failed} more)"
+    );
+    assert!(
+        w.deployments("doomed").await.unwrap().is_empty(),
+        "the refused BundleDeployment does not exist"
+    );
+
+    // The cause goes away: the next retry (at most 30 s later) deploys it.
+    bindings
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    policies
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    w.expect_targets("doomed", &w.clusters).await;
+}

@@ -32,7 +32,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tender_runtime::executor::{Apply, ObjectKey, Op, body_of};
 use tender_runtime::{Executor, Metrics};
-use tender_types::upstream::{UpstreamObjectStatus, UpstreamState, parse_source_ref};
+use tender_types::upstream::{self, Observed, UpstreamObjectStatus, UpstreamState};
 use tender_types::{BundleDeployment, copy, hash, labels};
 use tokio::task::AbortHandle;
 
@@ -89,11 +89,14 @@ impl Content {
 pub(crate) fn placeholder_body(kind: &str, ns: &str, name: &str, seen: &Seen) -> Option<Value> {
     let (observed, content) = match seen {
         Seen::Unknown => return None,
-        Seen::Absent => ("Absent", Content::default()),
-        Seen::Present(c, _) => ("Present", (**c).clone()),
+        Seen::Absent => (Observed::Absent, Content::default()),
+        Seen::Present(c, _) => (Observed::Present, (**c).clone()),
     };
     let mut annotations = content.annotations.clone();
-    annotations.insert(labels::UPSTREAM_OBSERVED.into(), observed.into());
+    annotations.insert(
+        labels::UPSTREAM_OBSERVED.into(),
+        observed.as_str()?.to_string(),
+    );
     if let Some(t) = &content.secret_type {
         annotations.insert(labels::UPSTREAM_TYPE.into(), t.clone());
     }
@@ -288,14 +291,8 @@ async fn pass(
     watches: &mut Watches,
     ping: &UnboundedSender<()>,
 ) -> bool {
-    let is_placeholder = |m: &ObjectMeta| {
-        m.namespace.as_deref() == Some(cluster_ns)
-            && m.labels
-                .as_ref()
-                .and_then(|l| l.get(labels::UPSTREAM))
-                .map(String::as_str)
-                == Some(labels::UPSTREAM_PLACEHOLDER)
-    };
+    let is_placeholder =
+        |m: &ObjectMeta| m.namespace.as_deref() == Some(cluster_ns) && upstream::is_placeholder(m);
     // (placeholder meta, live placeholder JSON)
     let mut found: Vec<(ObjectMeta, Value)> = Vec::new();
     for s in secrets.state() {
@@ -324,12 +321,7 @@ async fn pass(
     }
     let now = Time(Timestamp::now());
     for (meta, live) in &found {
-        let source = meta
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(labels::UPSTREAM_SOURCE))
-            .and_then(|s| parse_source_ref(s));
-        let Some((kind, ns, name)) = source else {
+        let Some((kind, ns, name)) = upstream::placeholder_source(meta) else {
             continue;
         };
         let placeholder = meta.name.clone().unwrap_or_default();

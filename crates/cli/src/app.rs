@@ -70,7 +70,8 @@ pub fn main() -> ExitCode {
         Command::Cluster(args) => block_on(crate::cluster::run(args)),
         Command::Status(args) => block_on(crate::status::run(args)),
         Command::Completions(args) => {
-            crate::completions::run(&args, &mut std::io::stdout()).map(|()| ExitCode::SUCCESS)
+            crate::completions::run(&args, command_for(None), BIN_NAME, &mut std::io::stdout())
+                .map(|()| ExitCode::SUCCESS)
         }
     };
     match result {

@@ -1,5 +1,6 @@
 //! `tender completions SHELL`: shell completion scripts, generated from the command
-//! definition so they never fall behind it.
+//! definition so they never fall behind it. The caller hands in that definition (`app` owns
+//! it), so this module does not reach back into `app`.
 
 use std::io::Write;
 
@@ -14,10 +15,10 @@ pub struct Args {
     pub shell: Shell,
 }
 
-/// Writes the completion script for `args.shell` to `out`.
-pub fn run(args: &Args, out: &mut dyn Write) -> Result<()> {
-    let mut cmd = crate::app::command_for(None);
-    clap_complete::generate(args.shell, &mut cmd, crate::app::BIN_NAME, out);
+/// Writes the completion script of `cmd` (the whole command line, named `bin_name`) for
+/// `args.shell` to `out`.
+pub fn run(args: &Args, mut cmd: clap::Command, bin_name: &str, out: &mut dyn Write) -> Result<()> {
+    clap_complete::generate(args.shell, &mut cmd, bin_name.to_string(), out);
     Ok(())
 }
 
@@ -27,7 +28,8 @@ mod tests {
 
     fn script(shell: Shell) -> String {
         let mut out = Vec::new();
-        run(&Args { shell }, &mut out).unwrap();
+        let cmd = crate::app::command_for(None);
+        run(&Args { shell }, cmd, crate::app::BIN_NAME, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     }
 

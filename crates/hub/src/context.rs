@@ -123,7 +123,9 @@ pub(crate) struct Ctx {
     /// Cluster's summary reads its own few objects instead of scanning them all.
     pub bd_names: Mutex<HashMap<String, std::collections::BTreeSet<String>>>,
     /// Reverse sync: verdicts on placeholders and the agents' upstream access applied.
-    pub upstream: crate::upstream::Memo,
+    pub upstream: UpstreamMemo,
+    /// Per-object retry delays of every controller of this scope (reset on success).
+    pub retries: tender_runtime::retry::Backoffs,
     /// Clusters (workspace, name) whose status differs from the written one only by the
     /// BundleDeployment summary, and when that summary is due (decision 53).
     pub summary_due: Mutex<HashMap<(String, String), std::time::Instant>>,
@@ -132,6 +134,20 @@ pub(crate) struct Ctx {
     pub shard_exec: Option<Executor>,
     /// Clusters (uid, shard label) already warned about a shard id no replica can have.
     pub invalid_shards: Mutex<std::collections::HashSet<(String, String)>>,
+}
+
+/// (cluster ns, placeholder) → (resourceVersion judged, content hash or why refused).
+type Verdicts = HashMap<(String, String), (String, Result<String, String>)>;
+
+/// What reverse sync ([`crate::upstream`]) remembers between reconciles (no Secret data). It
+/// lives here, with the rest of a scope's shared state, so the context never imports a
+/// reconciler.
+#[derive(Default)]
+pub(crate) struct UpstreamMemo {
+    /// (cluster ns, placeholder) → (resourceVersion judged, content hash or why refused).
+    pub verdicts: Mutex<Verdicts>,
+    /// (cluster ns, Role name) → hash of the Role/RoleBinding this process applied.
+    pub access: Mutex<HashMap<(String, String), String>>,
 }
 
 /// The status write of `K` `namespace/name` (server-side apply of `new` to the status

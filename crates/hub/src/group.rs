@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -154,15 +153,20 @@ pub(crate) async fn reconcile(group: Arc<ClusterGroup>, ctx: Arc<Ctx>) -> Result
         desired,
     );
     ctx.write_status(op).await?;
+    ctx.retries.succeeded(group.as_ref());
     Ok(Action::await_change())
 }
 
 static EMPTY: BTreeMap<String, String> = BTreeMap::new();
 
 pub(crate) fn error_policy(group: Arc<ClusterGroup>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    ctx.metrics.reconcile_error(CONTROLLER, error.reason());
-    tracing::warn!(group = %group.name_any(), namespace = ?group.namespace(), %error, "cluster group reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    tender_runtime::retry::error_policy(
+        CONTROLLER,
+        group.as_ref(),
+        error,
+        &ctx.retries,
+        &ctx.metrics,
+    )
 }
 
 #[cfg(test)]

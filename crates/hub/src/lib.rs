@@ -25,6 +25,7 @@ pub mod helmop;
 pub mod push;
 mod slim;
 pub mod sources;
+mod summary;
 mod triggers;
 pub mod upstream;
 mod watch;
@@ -153,9 +154,6 @@ pub struct HubMetrics {
     pub status_writes: Family<KindLabels, Counter>,
     /// Time a Bundle reconcile spent writing BundleDeployments and copies, when it wrote any.
     pub fanout_duration: Histogram,
-    /// The agent families of the push clusters' in-hub agents. The binary registers them into
-    /// the hub's own registry (see `main.rs`); unset, they go to a private registry.
-    pub push: Option<tender_agent::AgentMetrics>,
 }
 
 impl HubMetrics {
@@ -170,7 +168,6 @@ impl HubMetrics {
             bundle_deployments_deleted: Counter::default(),
             status_writes: Family::default(),
             fanout_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
-            push: None,
         };
         let r = metrics
             .registry_mut()

@@ -88,7 +88,6 @@ fn scope_controllers(
         config.push.clone(),
         config.copy_resources_downstream,
         config.instance.clone(),
-        hub.push.clone(),
         push_tx,
     );
     let recorder = Recorder::new(
@@ -132,6 +131,7 @@ fn scope_controllers(
         push,
         bd_names: Default::default(),
         upstream: Default::default(),
+        retries: Default::default(),
         summary_due: Mutex::default(),
         shard_exec,
         invalid_shards: Mutex::default(),

@@ -42,6 +42,7 @@ pub mod kubeconfig;
 pub mod leader;
 pub mod metrics;
 pub mod reconcile;
+pub mod retry;
 pub mod server;
 pub mod telemetry;
 pub mod token;

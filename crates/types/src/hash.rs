@@ -8,21 +8,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 
 use crate::bundle::Manifest;
 use crate::bundle_deployment::{BundleDeploymentOptions, BundleDeploymentSpec};
 use crate::copy::{copied_metadata, secret_data};
 
-/// Lowercase hex SHA-256 of `bytes`.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
-/// First 8 hex characters of the SHA-256 of `s`, for short collision-resistant name suffixes.
-pub fn short_hash(s: &str) -> String {
-    sha256_hex(s.as_bytes())[..8].to_string()
-}
+pub use crate::digest::{sha256_hex, short_hash};
 
 /// Canonical JSON text of `value`: object keys sorted at every level, no whitespace.
 ///

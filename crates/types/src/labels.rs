@@ -3,7 +3,7 @@
 //! All of tender's own keys start with [`PREFIX`]. Label values must be valid Kubernetes label
 //! values; use [`safe_label_value`] for anything derived from user input.
 
-use crate::hash::short_hash;
+use crate::digest::short_hash;
 
 /// Prefix of every tender label, annotation and finalizer.
 pub const PREFIX: &str = "tender.dev/";

@@ -1,6 +1,6 @@
 //! Name rules: every name tender derives, always valid and stable.
 
-use crate::hash::{sha256_hex, short_hash};
+use crate::digest::{sha256_hex, short_hash};
 
 /// Longest DNS label (namespace names).
 pub const MAX_DNS_LABEL_LEN: usize = 63;

@@ -6,14 +6,20 @@
 //! that cluster's agent `get`/`patch`/`update` exactly those names; the agent copies the
 //! downstream object's content into it; the hub validates it ([`validate`]) and publishes it in
 //! the Bundle's namespace under [`crate::names::upstream_name`].
+//!
+//! The placeholder format both sides read and write lives here too: its labels
+//! ([`placeholder_labels`], recognised by [`is_placeholder`]), the downstream object it names
+//! ([`placeholder_source`], [`source_ref`]) and what the agent saw ([`Observed`], and the
+//! Secret type in [`crate::labels::UPSTREAM_TYPE`], [`placeholder_secret_type`]).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::labels;
 use crate::schema::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN};
 
 /// Largest content (sum of keys and values of `data`/`binaryData`) the hub publishes by default.
@@ -208,6 +214,90 @@ pub fn parse_source_ref(s: &str) -> Option<(&str, &str, &str)> {
     (!kind.is_empty() && !ns.is_empty() && !name.is_empty()).then_some((kind, ns, name))
 }
 
+/// Labels of a placeholder (cluster namespace) for Bundle `bundle_ns/bundle` and `cluster`,
+/// as the hub writes them.
+pub fn placeholder_labels(
+    bundle_ns: &str,
+    bundle: &str,
+    cluster: &str,
+) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into()),
+        (labels::WORKSPACE.into(), bundle_ns.into()),
+        (labels::BUNDLE_NAMESPACE.into(), bundle_ns.into()),
+        (
+            labels::UPSTREAM_BUNDLE.into(),
+            labels::safe_label_value(bundle),
+        ),
+        (labels::CLUSTER.into(), labels::safe_label_value(cluster)),
+        (labels::UPSTREAM.into(), labels::UPSTREAM_PLACEHOLDER.into()),
+    ])
+}
+
+/// Whether `meta` is a placeholder: [`labels::UPSTREAM`] = [`labels::UPSTREAM_PLACEHOLDER`].
+pub fn is_placeholder(meta: &ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get(labels::UPSTREAM))
+        .map(String::as_str)
+        == Some(labels::UPSTREAM_PLACEHOLDER)
+}
+
+/// The downstream object a placeholder names, `(kind, namespace, name)`, from its
+/// [`labels::UPSTREAM_SOURCE`] annotation.
+pub fn placeholder_source(meta: &ObjectMeta) -> Option<(&str, &str, &str)> {
+    meta.annotations
+        .as_ref()?
+        .get(labels::UPSTREAM_SOURCE)
+        .and_then(|s| parse_source_ref(s))
+}
+
+/// The downstream Secret's `type` the agent recorded on a Secret placeholder
+/// ([`labels::UPSTREAM_TYPE`]; placeholders themselves stay `Opaque`).
+pub fn placeholder_secret_type(meta: &ObjectMeta) -> Option<&str> {
+    meta.annotations
+        .as_ref()?
+        .get(labels::UPSTREAM_TYPE)
+        .map(String::as_str)
+}
+
+/// What the agent saw of the downstream object, in the placeholder's
+/// [`labels::UPSTREAM_OBSERVED`] annotation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observed {
+    /// The agent has not written the placeholder yet.
+    Unknown,
+    /// The downstream object exists; its content is in the placeholder.
+    Present,
+    /// The downstream object does not exist.
+    Absent,
+}
+
+impl Observed {
+    /// From a placeholder's metadata.
+    pub fn of(meta: Option<&ObjectMeta>) -> Self {
+        match meta
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(labels::UPSTREAM_OBSERVED))
+            .map(String::as_str)
+        {
+            Some("Present") => Self::Present,
+            Some("Absent") => Self::Absent,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The annotation's value the agent writes (`None` for [`Observed::Unknown`]: it writes
+    /// nothing until it knows).
+    pub fn as_str(self) -> Option<&'static str> {
+        match self {
+            Self::Unknown => None,
+            Self::Present => Some("Present"),
+            Self::Absent => Some("Absent"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,5 +325,41 @@ mod tests {
         let s = source_ref("Secret", "ns", "a.b");
         assert_eq!(parse_source_ref(&s), Some(("Secret", "ns", "a.b")));
         assert_eq!(parse_source_ref("Secret/ns"), None);
+    }
+
+    #[test]
+    fn placeholder_format_round_trips() {
+        let mut meta = ObjectMeta {
+            labels: Some(placeholder_labels("ws", "app", "east")),
+            ..Default::default()
+        };
+        assert!(is_placeholder(&meta));
+        assert_eq!(Observed::of(Some(&meta)), Observed::Unknown);
+        assert_eq!(placeholder_source(&meta), None);
+        for observed in [Observed::Present, Observed::Absent] {
+            meta.annotations = Some(BTreeMap::from([
+                (
+                    labels::UPSTREAM_OBSERVED.to_string(),
+                    observed.as_str().unwrap().to_string(),
+                ),
+                (
+                    labels::UPSTREAM_SOURCE.to_string(),
+                    source_ref("Secret", "apps", "db"),
+                ),
+                (labels::UPSTREAM_TYPE.to_string(), "Opaque".to_string()),
+            ]));
+            assert_eq!(Observed::of(Some(&meta)), observed);
+        }
+        assert_eq!(placeholder_source(&meta), Some(("Secret", "apps", "db")));
+        assert_eq!(placeholder_secret_type(&meta), Some("Opaque"));
+        assert_eq!(Observed::Unknown.as_str(), None);
+        meta.labels.as_mut().unwrap().insert(
+            labels::UPSTREAM.to_string(),
+            labels::UPSTREAM_PUBLISHED.to_string(),
+        );
+        assert!(
+            !is_placeholder(&meta),
+            "a published object is not a placeholder"
+        );
     }
 }

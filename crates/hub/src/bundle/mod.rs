@@ -14,26 +14,28 @@ pub mod status;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tender_runtime::Op;
+use tender_runtime::retry;
 use tender_types::targeting::GroupInfo;
 use tender_types::{Bundle, BundleDeployment, BundleStatus, hash, labels, names};
 
 use crate::Error;
 use crate::context::{Ctx, status_op};
+use crate::summary::summarize;
 use observe::no_labels;
 use ops::{CopyStep, DeploymentStep, LiveCopy, SourceObject};
 use plan::{ClusterView, SourceKey};
-use status::{BundleFacts, bundle_status, summarize};
+use status::{BundleFacts, bundle_status};
 
 const CONTROLLER: &str = "bundle";
 /// Clusters whose BundleDeployment and copies are written concurrently per Bundle.
@@ -42,27 +44,32 @@ pub const FANOUT_CONCURRENCY: usize = 16;
 pub(crate) async fn reconcile(bundle: Arc<Bundle>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
     let ns = bundle.namespace().unwrap_or_default();
-    let object = format!("Bundle {ns}/{}", bundle.name_any());
     let api: Api<Bundle> = Api::namespaced(ctx.client.clone(), &ns);
     // One finalizer per replica: each removes its own shard's BundleDeployments.
     let cleanup_finalizer = labels::bundle_cleanup_finalizer(ctx.config.shard_id.as_deref());
-    finalizer(&api, &cleanup_finalizer, bundle, |event| async {
-        match event {
-            Finalizer::Apply(b) => apply(&b, &ctx).await,
-            Finalizer::Cleanup(b) => cleanup(&b, &ctx).await,
-        }
-    })
+    retry::finalized(
+        &api,
+        &cleanup_finalizer,
+        bundle,
+        &ctx.retries,
+        |event| async {
+            match event {
+                Finalizer::Apply(b) => apply(&b, &ctx).await,
+                Finalizer::Cleanup(b) => cleanup(&b, &ctx).await,
+            }
+        },
+    )
     .await
-    .map_err(|source| Error::Finalizer {
-        object,
-        source: Box::new(source),
-    })
 }
 
 pub(crate) fn error_policy(bundle: Arc<Bundle>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    ctx.metrics.reconcile_error(CONTROLLER, error.reason());
-    tracing::warn!(bundle = %bundle.name_any(), namespace = ?bundle.namespace(), %error, "bundle reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(3))
+    retry::error_policy(
+        CONTROLLER,
+        bundle.as_ref(),
+        error,
+        &ctx.retries,
+        &ctx.metrics,
+    )
 }
 
 /// What one cluster's writes came to, for counts, events and logs.

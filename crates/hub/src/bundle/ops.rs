@@ -14,7 +14,8 @@ use tender_types::{
     names,
 };
 
-use super::plan::{DesiredCopy, DesiredDeployment, edited_by_others};
+use super::plan::{DesiredCopy, DesiredDeployment};
+use crate::slim::edited_by_others;
 
 /// A source read in full for this reconcile (only when a copy must be written).
 #[derive(Clone)]

@@ -314,55 +314,5 @@ pub fn plan(
     Ok(plan)
 }
 
-/// A copy's content fields, as top-level keys of a `managedFields` entry.
-const CONTENT: [&str; 5] = [
-    "f:data",
-    "f:binaryData",
-    "f:stringData",
-    "f:type",
-    "f:immutable",
-];
-
-/// Whether a copy's content fields were written by someone other than the hub (read from
-/// `managedFields`, which the metadata-only cache has): such a copy no longer matches its
-/// content-hash annotation and is recreated rather than trusted.
-pub fn edited_by_others(meta: &kube::api::ObjectMeta) -> bool {
-    meta.managed_fields.iter().flatten().any(|m| {
-        m.manager.as_deref() != Some(tender_types::labels::HUB_FIELD_MANAGER)
-            && m.fields_v1
-                .as_ref()
-                .and_then(|f| f.0.as_object())
-                .is_some_and(|fields| CONTENT.iter().any(|k| fields.contains_key(*k)))
-    })
-}
-
-/// Trims a cached copy's `managedFields` to what [`edited_by_others`] reads: the entries of
-/// other managers, each reduced to the content keys it owns (usually nothing is left).
-pub fn keep_content_managers(meta: &mut kube::api::ObjectMeta) {
-    let Some(entries) = meta.managed_fields.take() else {
-        return;
-    };
-    let kept: Vec<_> = entries
-        .into_iter()
-        .filter(|m| m.manager.as_deref() != Some(tender_types::labels::HUB_FIELD_MANAGER))
-        .filter_map(|mut m| {
-            let fields = m.fields_v1.as_ref().and_then(|f| f.0.as_object())?;
-            let content: serde_json::Map<String, serde_json::Value> = CONTENT
-                .iter()
-                .filter(|k| fields.contains_key(**k))
-                .map(|k| (k.to_string(), serde_json::json!({})))
-                .collect();
-            if content.is_empty() {
-                return None;
-            }
-            m.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
-                content.into(),
-            ));
-            Some(m)
-        })
-        .collect();
-    meta.managed_fields = (!kept.is_empty()).then_some(kept);
-}
-
 #[cfg(test)]
 mod tests;

@@ -28,16 +28,17 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, ObjectMeta};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde_json::Value;
 use tender_runtime::executor::{Apply, ObjectKey, Op, body_of};
+use tender_runtime::retry;
 use tender_types::{BundleDeployment, Cluster, ClusterMode, hash, labels, names};
 
-use crate::bundle::status::summarize;
 use crate::context::{Ctx, status_op};
+use crate::summary::summarize;
 use crate::{Error, kube_err};
 
 const CONTROLLER: &str = "cluster";
@@ -62,12 +63,12 @@ pub(crate) async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Ac
         return Ok(Action::requeue(wait));
     }
     let workspace = cluster.namespace().unwrap_or_default();
-    let object = format!("Cluster {workspace}/{}", cluster.name_any());
     let api: Api<Cluster> = Api::namespaced(ctx.client.clone(), &workspace);
-    finalizer(
+    retry::finalized(
         &api,
         labels::CLUSTER_CLEANUP_FINALIZER,
         cluster,
+        &ctx.retries,
         |event| async {
             match event {
                 Finalizer::Apply(c) => apply(&c, &ctx).await,
@@ -76,16 +77,16 @@ pub(crate) async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Ac
         },
     )
     .await
-    .map_err(|source| Error::Finalizer {
-        object,
-        source: Box::new(source),
-    })
 }
 
 pub(crate) fn error_policy(cluster: Arc<Cluster>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    ctx.metrics.reconcile_error(CONTROLLER, error.reason());
-    tracing::warn!(cluster = %cluster.name_any(), namespace = ?cluster.namespace(), %error, "cluster reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(5))
+    retry::error_policy(
+        CONTROLLER,
+        cluster.as_ref(),
+        error,
+        &ctx.retries,
+        &ctx.metrics,
+    )
 }
 
 /// Forgets what this process keeps for `cluster`: its push task, pending summary and

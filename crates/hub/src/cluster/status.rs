@@ -9,8 +9,8 @@ use tender_types::conditions::{
 };
 use tender_types::{BundleSummary, Cluster, ClusterDisplay, ClusterMode, ClusterStatus, hash};
 
-use crate::bundle::status::summary_reason;
 use crate::push::PushState;
+use crate::summary::summary_reason;
 
 /// When the agent last reported: the later of its Lease renewal and `status.agent.lastSeen`.
 pub fn last_heartbeat(cluster: &Cluster, lease_renewed: Option<Timestamp>) -> Option<Timestamp> {

@@ -9,15 +9,15 @@
 pub mod plan;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::finalizer::Event as Finalizer;
 use kube::runtime::reflector::ObjectRef;
+use tender_runtime::retry;
 use tender_types::{Bundle, HelmOp, hash, labels};
 
 use crate::Error;
@@ -29,7 +29,6 @@ const CONTROLLER: &str = "helmop";
 pub(crate) async fn reconcile(helmop: Arc<HelmOp>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
     let ns = helmop.namespace().unwrap_or_default();
-    let object = format!("HelmOp {ns}/{}", helmop.name_any());
     // Deleting: the steps before the Bundle's delete happen outside kube's finalizer helper,
     // which would release the HelmOp as soon as the cleanup returned. Bundle events wake each.
     let deleting = helmop.metadata.deletion_timestamp.is_some()
@@ -50,10 +49,11 @@ pub(crate) async fn reconcile(helmop: Arc<HelmOp>, ctx: Arc<Ctx>) -> Result<Acti
         }
     }
     let api: Api<HelmOp> = Api::namespaced(ctx.client.clone(), &ns);
-    finalizer(
+    retry::finalized(
         &api,
         labels::HELMOP_CLEANUP_FINALIZER,
         helmop,
+        &ctx.retries,
         |event| async {
             match event {
                 Finalizer::Apply(h) => apply(&h, &ctx).await,
@@ -62,16 +62,16 @@ pub(crate) async fn reconcile(helmop: Arc<HelmOp>, ctx: Arc<Ctx>) -> Result<Acti
         },
     )
     .await
-    .map_err(|source| Error::Finalizer {
-        object,
-        source: Box::new(source),
-    })
 }
 
 pub(crate) fn error_policy(helmop: Arc<HelmOp>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    ctx.metrics.reconcile_error(CONTROLLER, error.reason());
-    tracing::warn!(helmop = %helmop.name_any(), namespace = ?helmop.namespace(), %error, "helmop reconcile failed; retrying");
-    Action::requeue(Duration::from_secs(3))
+    retry::error_policy(
+        CONTROLLER,
+        helmop.as_ref(),
+        error,
+        &ctx.retries,
+        &ctx.metrics,
+    )
 }
 
 /// The cached Bundle with the HelmOp's name, if any.

@@ -1,7 +1,10 @@
-//! Push mode: for each Cluster with `spec.kubeconfigSecretRef`, the hub runs the agent library
-//! (`tender_agent::run`) itself, with its own client as the agent's hub client and a client
-//! built from the Secret's kubeconfig as the downstream one. One code path, two ways to reach
-//! a cluster.
+//! Push mode: for each Cluster with `spec.kubeconfigSecretRef`, the hub runs the agent itself,
+//! with its own client as the agent's hub client and a client built from the Secret's
+//! kubeconfig as the downstream one. One code path, two ways to reach a cluster.
+//!
+//! This library does not link the agent (decision 0084): whoever embeds the hub hands it a
+//! [`PushRunner`] in [`PushConfig::runner`] — the `tender-hub` binary's runs `tender_agent::run`
+//! — and the hub calls it with the [`PushAgent`] it decided on.
 //!
 //! The Cluster reconciler drives it: it observes the Secret's metadata in the source cache,
 //! [`step`] (pure) decides whether the running task still matches, and [`Push::ensure`]
@@ -19,12 +22,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::channel::mpsc::UnboundedSender;
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
-use tender_agent::{AgentConfig, AgentMetrics};
-use tender_runtime::{Health, Metrics};
 use tender_types::conditions::reason;
 use tender_types::{Cluster, ClusterSpec};
 use tokio::task::JoinHandle;
@@ -33,8 +35,52 @@ pub use kubeconfig::{Problem, Timeouts};
 
 use crate::Error;
 
-/// Push-mode settings of a hub.
+/// Default of [`PushConfig::heartbeat_interval`] (the agent's own default).
+pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// What the hub decided for one push cluster's agent; the [`PushRunner`] adds the settings
+/// that are the agent's own (chart limits, cache directory, metrics).
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushAgent {
+    /// The Cluster's workspace namespace.
+    pub workspace: String,
+    /// The Cluster's name.
+    pub cluster: String,
+    /// The agent namespace downstream (`spec.agentNamespace`).
+    pub agent_namespace: String,
+    /// The copy feature gate, as the hub reads it.
+    pub copy_resources_downstream: bool,
+    /// The agent's identity on its Lease and Events (`<hub instance>/push`).
+    pub identity: String,
+    /// Lease renewal interval.
+    pub heartbeat_interval: Duration,
+}
+
+/// Runs one push cluster's agent: `hub` is the hub's own client, `downstream` the one built
+/// from the Cluster's kubeconfig. The future ends only when the agent fails (it is restarted
+/// at the next successful probe) and is dropped to stop the agent.
+pub trait PushRunner: Send + Sync {
+    /// Starts the agent described by `agent`.
+    fn run(
+        &self,
+        hub: Client,
+        downstream: Client,
+        agent: PushAgent,
+    ) -> BoxFuture<'static, anyhow::Result<()>>;
+}
+
+/// A shared [`PushRunner`] (what [`PushConfig::runner`] holds).
+#[derive(Clone)]
+pub struct Runner(pub Arc<dyn PushRunner>);
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Runner(..)")
+    }
+}
+
+/// Push-mode settings of a hub.
+#[derive(Clone, Debug)]
 pub struct PushConfig {
     /// Accept kubeconfigs with an exec plugin or auth-provider (`--allow-kubeconfig-exec`).
     pub allow_kubeconfig_exec: bool,
@@ -46,11 +92,9 @@ pub struct PushConfig {
     pub timeouts: Timeouts,
     /// Lease renewal interval of the in-hub agents.
     pub heartbeat_interval: Duration,
-    /// Bounds on the chart sources of the in-hub agents (the agent's flags, decision 76).
-    pub chart_limits: tender_agent::ChartLimits,
-    /// Where the in-hub agents cache chart archives (`--chart-cache-dir`); `None`: the agent's
-    /// default (a temp directory).
-    pub chart_cache_dir: Option<std::path::PathBuf>,
+    /// Runs the in-hub agents. `None`: this process runs none, and every push cluster reports
+    /// `ClusterUnreachable` saying so (the `tender-hub` binary always sets one).
+    pub runner: Option<Runner>,
 }
 
 impl Default for PushConfig {
@@ -60,9 +104,8 @@ impl Default for PushConfig {
             probe_interval: Duration::from_secs(30),
             probe_timeout: Duration::from_secs(10),
             timeouts: Timeouts::default(),
-            heartbeat_interval: tender_agent::DEFAULT_HEARTBEAT_INTERVAL,
-            chart_limits: tender_agent::ChartLimits::default(),
-            chart_cache_dir: None,
+            heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
+            runner: None,
         }
     }
 }
@@ -194,7 +237,6 @@ pub(crate) struct Push {
     config: PushConfig,
     copy: bool,
     instance: String,
-    metrics: AgentMetrics,
     notify: UnboundedSender<ObjectRef<Cluster>>,
     entries: Mutex<HashMap<ObjectRef<Cluster>, Entry>>,
     states: Arc<Mutex<HashMap<ObjectRef<Cluster>, PushState>>>,
@@ -206,7 +248,6 @@ impl Push {
         config: PushConfig,
         copy: bool,
         instance: String,
-        metrics: Option<AgentMetrics>,
         notify: UnboundedSender<ObjectRef<Cluster>>,
     ) -> Self {
         Self {
@@ -214,7 +255,6 @@ impl Push {
             config,
             copy,
             instance,
-            metrics: metrics.unwrap_or_else(|| AgentMetrics::register(Metrics::new())),
             notify,
             entries: Mutex::default(),
             states: Arc::default(),
@@ -357,21 +397,19 @@ impl Push {
                 return Ok(state);
             }
         };
-        let mut agent = AgentConfig::new(&workspace, &cluster.name_any());
-        agent.agent_namespace = cluster.spec.agent_namespace().to_string();
-        agent.copy_resources_downstream = self.copy;
-        agent.heartbeat_interval = self.config.heartbeat_interval;
-        agent.identity = format!("{}/push", self.instance);
-        agent.chart_limits = self.config.chart_limits.clone();
-        if let Some(dir) = &self.config.chart_cache_dir {
-            agent.chart_cache_dir = dir.clone();
-        }
+        let agent = PushAgent {
+            workspace,
+            cluster: cluster.name_any(),
+            agent_namespace: cluster.spec.agent_namespace().to_string(),
+            copy_resources_downstream: self.copy,
+            identity: format!("{}/push", self.instance),
+            heartbeat_interval: self.config.heartbeat_interval,
+        };
         let task = tokio::spawn(supervise(
             r.clone(),
             self.hub.clone(),
             down,
             agent,
-            self.metrics.clone(),
             self.config.clone(),
             self.states.clone(),
             self.notify.clone(),
@@ -388,24 +426,29 @@ async fn supervise(
     r: ObjectRef<Cluster>,
     hub: Client,
     down: Client,
-    agent: AgentConfig,
-    metrics: AgentMetrics,
+    agent: PushAgent,
     config: PushConfig,
     states: Arc<Mutex<HashMap<ObjectRef<Cluster>, PushState>>>,
     notify: UnboundedSender<ObjectRef<Cluster>>,
 ) {
     let mut running: Option<AbortOnDrop> = None;
     loop {
-        let state = probe(&down, &agent.agent_namespace, config.probe_timeout).await;
+        let mut state = probe(&down, &agent.agent_namespace, config.probe_timeout).await;
         if state.is_connected() {
-            if running.as_ref().is_none_or(|t| t.0.is_finished()) {
-                running = Some(AbortOnDrop(tokio::spawn(run_agent(
-                    r.clone(),
-                    hub.clone(),
-                    down.clone(),
-                    agent.clone(),
-                    metrics.clone(),
-                ))));
+            match &config.runner {
+                None => {
+                    state = PushState::Unreachable(
+                        "this hub process runs no push agents (it was started without a push runner)"
+                            .to_string(),
+                    );
+                }
+                Some(runner) if running.as_ref().is_none_or(|t| t.0.is_finished()) => {
+                    running = Some(AbortOnDrop(tokio::spawn(run_agent(
+                        r.clone(),
+                        runner.0.run(hub.clone(), down.clone(), agent.clone()),
+                    ))));
+                }
+                Some(_) => {}
             }
         } else if running.take().is_some() {
             // Dropping the agent deletes nothing; it starts afresh once the cluster answers.
@@ -424,16 +467,8 @@ async fn supervise(
     }
 }
 
-async fn run_agent(
-    r: ObjectRef<Cluster>,
-    hub: Client,
-    down: Client,
-    agent: AgentConfig,
-    metrics: AgentMetrics,
-) {
-    let shutdown = futures::future::pending::<()>();
-    if let Err(error) = tender_agent::run(hub, down, agent, metrics, Health::new(), shutdown).await
-    {
+async fn run_agent(r: ObjectRef<Cluster>, agent: BoxFuture<'static, anyhow::Result<()>>) {
+    if let Err(error) = agent.await {
         tracing::warn!(cluster = %r, %error, "push agent stopped; restarted at the next successful probe");
     }
 }
@@ -471,6 +506,22 @@ async fn probe(down: &Client, agent_namespace: &str, timeout: Duration) -> PushS
 mod tests {
     use super::*;
     use tender_types::KubeconfigSecretRef;
+
+    #[test]
+    fn the_hub_library_does_not_depend_on_the_agent() {
+        // Decision 0084: the agent reaches the hub only through `PushRunner`.
+        let manifest = include_str!("../../Cargo.toml");
+        let deps = manifest
+            .split("[dependencies]")
+            .nth(1)
+            .expect("a [dependencies] table");
+        assert!(
+            !deps
+                .lines()
+                .any(|l| l.trim_start().starts_with("tender-agent")),
+            "crates/hub/Cargo.toml must not depend on tender-agent"
+        );
+    }
 
     fn push_spec(key: Option<&str>) -> ClusterSpec {
         ClusterSpec {

@@ -8,8 +8,7 @@
 
 pub mod plan;
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -27,18 +26,6 @@ use tender_types::{
 use crate::context::Ctx;
 use crate::{Error, kube_err};
 use plan::{Entry, LivePublished, Observed, PlaceholderContent, Reach, Verdict};
-
-/// (cluster ns, placeholder) → (resourceVersion judged, content hash or why refused).
-type Verdicts = HashMap<(String, String), (String, Result<String, String>)>;
-
-/// What this process remembers between reconciles (no Secret data).
-#[derive(Default)]
-pub(crate) struct Memo {
-    /// (cluster ns, placeholder) → (resourceVersion judged, content hash or why refused).
-    verdicts: Mutex<Verdicts>,
-    /// (cluster ns, Role name) → hash of the Role/RoleBinding this process applied.
-    access: Mutex<HashMap<(String, String), String>>,
-}
 
 /// Runs the reverse-sync step of Bundle `bundle` for its targeted `clusters` (name, cluster
 /// namespace) and returns its status lines (`None`: the Bundle has nothing to do with it).
@@ -82,7 +69,8 @@ pub(crate) async fn reconcile(
             .stores
             .clusters
             .get(&ObjectRef::new(cluster).within(&bundle_ns));
-        let mut place_labels = plan::placeholder_labels(&bundle_ns, &name, cluster);
+        let mut place_labels =
+            tender_types::upstream::placeholder_labels(&bundle_ns, &name, cluster);
         if let Some(id) = &ctx.config.shard_id {
             // In this replica's caches of the cluster namespace (decision 62).
             place_labels.insert(labels::SHARD.into(), id.clone());

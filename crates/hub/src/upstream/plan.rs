@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use tender_runtime::executor::{Apply, Fingerprint, ObjectKey, Op, body_of};
 use tender_types::conditions::reason;
+pub use tender_types::upstream::Observed;
 use tender_types::upstream::{self, UpstreamPublication, UpstreamState};
 use tender_types::{SourceKind, UpstreamResource, copy, hash, labels, names};
 
@@ -54,25 +55,6 @@ pub fn entries(
             })
         })
         .collect()
-}
-
-/// Labels of a placeholder (cluster namespace) for Bundle `bundle_ns/bundle` and `cluster`.
-pub fn placeholder_labels(
-    bundle_ns: &str,
-    bundle: &str,
-    cluster: &str,
-) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into()),
-        (labels::WORKSPACE.into(), bundle_ns.into()),
-        (labels::BUNDLE_NAMESPACE.into(), bundle_ns.into()),
-        (
-            labels::UPSTREAM_BUNDLE.into(),
-            labels::safe_label_value(bundle),
-        ),
-        (labels::CLUSTER.into(), labels::safe_label_value(cluster)),
-        (labels::UPSTREAM.into(), labels::UPSTREAM_PLACEHOLDER.into()),
-    ])
 }
 
 fn key(kind: SourceKind, ns: &str, name: &str) -> ObjectKey {
@@ -159,10 +141,9 @@ impl PlaceholderContent {
         Self {
             kind: SourceKind::Secret,
             secret_type: Some(
-                annotations
-                    .get(labels::UPSTREAM_TYPE)
-                    .cloned()
-                    .unwrap_or_else(|| "Opaque".into()),
+                upstream::placeholder_secret_type(&s.metadata)
+                    .unwrap_or("Opaque")
+                    .to_string(),
             ),
             labels: s.metadata.labels.clone().unwrap_or_default(),
             annotations,
@@ -267,32 +248,6 @@ pub fn publication_body(
         },
         content_hash,
     ))
-}
-
-/// What the agent said about the downstream object, from the placeholder's annotation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Observed {
-    /// The agent has not written the placeholder yet.
-    Unknown,
-    /// The downstream object exists; its content is in the placeholder.
-    Present,
-    /// The downstream object does not exist.
-    Absent,
-}
-
-impl Observed {
-    /// From a placeholder's metadata.
-    pub fn of(meta: Option<&ObjectMeta>) -> Self {
-        match meta
-            .and_then(|m| m.annotations.as_ref())
-            .and_then(|a| a.get(labels::UPSTREAM_OBSERVED))
-            .map(String::as_str)
-        {
-            Some("Present") => Self::Present,
-            Some("Absent") => Self::Absent,
-            _ => Self::Unknown,
-        }
-    }
 }
 
 /// The published object as the hub's metadata cache sees it.
@@ -458,7 +413,7 @@ pub fn condition(lines: &[UpstreamPublication]) -> (bool, &'static str, String) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tender_types::upstream::DEFAULT_MAX_BYTES;
+    use tender_types::upstream::{DEFAULT_MAX_BYTES, placeholder_labels};
 
     fn entry() -> Entry {
         entries(

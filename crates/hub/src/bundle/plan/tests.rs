@@ -1,4 +1,5 @@
 use super::*;
+use crate::slim::{edited_by_others, keep_content_managers};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use tender_types::{BundleTarget, Manifest};
 

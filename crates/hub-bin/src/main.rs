@@ -1,4 +1,5 @@
-//! `tender-hub`: parses flags and runs [`tender_hub::run`].
+//! `tender-hub`: parses flags and runs [`tender_hub::run`], with [`AgentRunner`] running the
+//! push clusters' agents.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -6,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Parser;
 use tender_hub::{HubConfig, HubMetrics, LeaderConfig};
+use tender_hub_bin::AgentRunner;
 use tender_runtime::{Health, LogFormat, Metrics};
 
 /// tender's hub: resolves Bundle targets, writes BundleDeployments into cluster namespaces and
@@ -122,11 +124,15 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let mut metrics = Metrics::new();
-    let mut hub_metrics = HubMetrics::register(&mut metrics);
+    let hub_metrics = HubMetrics::register(&mut metrics);
     // The push clusters' in-hub agents count into the same registry, served on /metrics.
     let push_metrics = tender_agent::AgentMetrics::register(metrics);
     let metrics = push_metrics.shared();
-    hub_metrics.push = Some(push_metrics);
+    let runner = AgentRunner {
+        metrics: push_metrics,
+        chart_limits: args.chart_limits.into(),
+        chart_cache_dir: args.chart_cache_dir,
+    };
     let health = Health::new();
     let user_agent = format!("tender-hub/{}", env!("CARGO_PKG_VERSION"));
     let client = tender_runtime::client(
@@ -157,8 +163,7 @@ async fn main() -> anyhow::Result<()> {
         push: tender_hub::push::PushConfig {
             allow_kubeconfig_exec: args.allow_kubeconfig_exec,
             probe_interval: std::time::Duration::from_secs(args.push_probe_seconds.max(1)),
-            chart_limits: args.chart_limits.into(),
-            chart_cache_dir: args.chart_cache_dir,
+            runner: Some(runner.shared()),
             ..Default::default()
         },
         upstream_max_bytes: args.upstream_max_bytes,
