@@ -10,7 +10,6 @@ use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef as KubeRef;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher::DefaultBackoff;
 use tender_runtime::Executor;
 use tender_types::labels::AGENT_FIELD_MANAGER;
 use tender_types::{BundleDeployment, Cluster};
@@ -47,8 +46,9 @@ pub(crate) struct Context {
     pub(crate) namespaces: Store<PartialObjectMeta<Namespace>>,
     pub(crate) config: AgentConfig,
     pub(crate) metrics: AgentMetrics,
-    /// Retry delays of BundleDeployments whose last reconcile failed, by name.
-    pub(crate) retries: Mutex<HashMap<String, DefaultBackoff>>,
+    /// Retry delays of BundleDeployments whose last reconcile failed (the runtime's one
+    /// per-object backoff, as the hub's controllers use).
+    pub(crate) retries: tender_runtime::retry::Backoffs,
     /// BundleDeployments (by name) whose hub copy is ahead of them, since when (decision 55).
     pub(crate) copies_ahead: Mutex<HashMap<String, std::time::Instant>>,
 }
@@ -106,7 +106,7 @@ impl Context {
             namespaces,
             config,
             metrics,
-            retries: Mutex::new(HashMap::new()),
+            retries: tender_runtime::retry::Backoffs::default(),
             copies_ahead: Mutex::new(HashMap::new()),
         }
     }

@@ -1,8 +1,7 @@
 //! The controller's two callbacks: `reconcile` wraps deploy and cleanup in the agent's
-//! finalizer; `error_policy` counts the failure and retries with kube's default backoff.
+//! finalizer; `error_policy` counts the failure and retries with the runtime's per-object backoff.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -26,9 +25,10 @@ pub(crate) async fn reconcile(bd: Arc<BundleDeployment>, ctx: Arc<Context>) -> R
         && bd.finalizers().iter().any(|f| f == AGENT_CLEANUP_FINALIZER)
         && let Some(wait) = cleanup::before_finalize(&bd, &ctx).await?
     {
-        ctx.retries.lock().expect("retries").remove(&name);
+        ctx.retries.succeeded(bd.as_ref());
         return Ok(wait);
     }
+    let kept = Arc::clone(&bd);
     let action = finalizer(&ctx.bds, AGENT_CLEANUP_FINALIZER, bd, |event| async {
         match event {
             Event::Apply(bd) => deploy::deploy(&bd, &ctx).await,
@@ -43,7 +43,7 @@ pub(crate) async fn reconcile(bd: Arc<BundleDeployment>, ctx: Arc<Context>) -> R
         object,
         source: Box::new(source),
     })?;
-    ctx.retries.lock().expect("retries").remove(&name);
+    ctx.retries.succeeded(kept.as_ref());
     Ok(action)
 }
 
@@ -51,14 +51,7 @@ pub(crate) async fn reconcile(bd: Arc<BundleDeployment>, ctx: Arc<Context>) -> R
 /// after the next delay of that BundleDeployment's backoff (reset by a success).
 pub(crate) fn error_policy(bd: Arc<BundleDeployment>, error: &Error, ctx: Arc<Context>) -> Action {
     let name = bd.name_any();
-    let delay = ctx
-        .retries
-        .lock()
-        .expect("retries")
-        .entry(name.clone())
-        .or_default()
-        .next()
-        .unwrap_or(Duration::from_secs(30));
+    let delay = ctx.retries.failed(bd.as_ref());
     ctx.metrics
         .base()
         .reconcile_error(CONTROLLER, error.reason());
