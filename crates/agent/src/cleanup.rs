@@ -21,7 +21,6 @@ use crate::hooks::HookEvent;
 use crate::inventory::Recorded;
 use crate::plan::{self, Owner, cluster_selector};
 use crate::status::Outcome;
-use crate::status::describe;
 use crate::{Error, Result};
 use crate::{observe, report};
 
@@ -76,7 +75,7 @@ pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Act
             objects: bd
                 .status
                 .iter()
-                .flat_map(|s| s.resources.iter().map(crate::status::object_ref))
+                .flat_map(|s| s.resources.iter().map(ObjectStatus::object))
                 .collect(),
             ..Default::default()
         },
@@ -250,7 +249,7 @@ async fn remove_object(
         return Ok(());
     };
     let Some((op, action)) = plan::removal_op(key, &obj.metadata, owner, keep) else {
-        tracing::debug!(object = %describe(r), "not owned by {}; left alone", owner.annotation());
+        tracing::debug!(object = %r, "not owned by {}; left alone", owner.annotation());
         return Ok(());
     };
     if writer.execute(op).await?.wrote {
@@ -324,7 +323,10 @@ pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<
             .and_then(|a| Owner::parse(a))
         {
             let name = m.name.clone().unwrap_or_default();
-            strays.push((owner, plan::key("v1", kind, m.namespace.as_deref(), &name)));
+            strays.push((
+                owner,
+                ObjectRef::new("v1", kind, m.namespace.as_deref(), &name),
+            ));
         }
     }
     for (owner, key) in strays {

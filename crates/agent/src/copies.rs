@@ -14,11 +14,12 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tender_runtime::reconcile::error_text;
-use tender_types::{BundleDeployment, CopiedResource, ObjectState, hash, labels};
+use tender_types::{
+    BundleDeployment, CopiedResource, ObjectRef, ObjectState, ObjectStatus, hash, labels,
+};
 use tokio::task::JoinSet;
 
 use crate::plan::{self, Owner, Planned};
-use crate::status;
 
 /// The hub's copies in this cluster namespace, as the reflectors last saw them.
 pub(crate) struct HubCopies {
@@ -203,8 +204,8 @@ impl HubCopies {
         owner: &Owner,
         keep: bool,
     ) -> Planned {
-        let key = plan::key("v1", &entry.kind, Some(copies_ns), &entry.name);
-        let missing = |msg: String| status::object(&key, ObjectState::Missing, Some(msg));
+        let key = ObjectRef::new("v1", &entry.kind, Some(copies_ns), &entry.name);
+        let missing = |msg: String| ObjectStatus::new(&key, ObjectState::Missing, Some(msg));
         match entry.kind.as_str() {
             "Secret" => self
                 .verified(&self.secrets, entry, hash::secret_hash)
@@ -216,7 +217,7 @@ impl HubCopies {
                 .await
                 .map(|c| plan::config_map_copy(&c, entry, copies_ns, owner, keep))
                 .map_err(missing),
-            other => Err(status::object(
+            other => Err(ObjectStatus::new(
                 &key,
                 ObjectState::Error,
                 Some(format!(

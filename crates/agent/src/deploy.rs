@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use tender_types::{BundleDeployment, BundleDeploymentOptions, ObjectRef, ObjectState, namespaces};
+use tender_types::{
+    BundleDeployment, BundleDeploymentOptions, ObjectRef, ObjectState, ObjectStatus, namespaces,
+};
 
 use crate::context::Context;
 use crate::execute::{Executed, Run};
 use crate::plan::{self, Mode, Owner, Phase};
-use crate::status::{self, Outcome};
+use crate::status::Outcome;
 use crate::{Result, cleanup, observe, policy, report};
 
 /// Re-check of objects somebody else owns: their deletion does not reach our label-filtered watches.
@@ -177,18 +179,18 @@ fn refused_identity(
     refusal: &str,
     outcome: &mut Outcome,
 ) {
-    let error = |key: &ObjectRef| status::object(key, ObjectState::Error, Some(refusal.into()));
+    let error = |key: &ObjectRef| ObjectStatus::new(key, ObjectState::Error, Some(refusal.into()));
     outcome.copies = spec
         .options
         .downstream_resources
         .iter()
-        .map(|e| error(&plan::key(e.api_version(), &e.kind, None, &e.name)))
+        .map(|e| error(&ObjectRef::new(e.api_version(), &e.kind, None, &e.name)))
         .collect();
     outcome.manifests = spec
         .resources
         .iter()
         .map(|m| {
-            error(&plan::key(
+            error(&ObjectRef::new(
                 m.api_version().unwrap_or_default(),
                 m.kind().unwrap_or_default(),
                 m.namespace(),

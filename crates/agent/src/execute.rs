@@ -17,7 +17,7 @@ use crate::context::Context;
 use crate::downstream;
 use crate::downstream::message;
 use crate::plan::{self, DeployPlan, Entry, HookProgress, HookStep, Mode, Owner, Phase};
-use crate::status::{self, describe};
+
 use crate::sync::{ensure_namespace, sync_object};
 
 /// How one run of a deployment's phases went.
@@ -120,9 +120,9 @@ impl Run<'_> {
     /// Runs hook `step` one step further: start it, or judge it.
     async fn hook(&self, step: &HookStep) -> ObjectStatus {
         let key = &step.desired.key;
-        let named = format!("hook {} ({})", describe(key), step.event.as_str());
+        let named = format!("hook {key} ({})", step.event.as_str());
         let failed = |why: String| {
-            status::object(
+            ObjectStatus::new(
                 key,
                 ObjectState::Error,
                 Some(format!(
@@ -139,7 +139,7 @@ impl Run<'_> {
             Ok(x) => x,
             Err(e) => {
                 let msg = downstream::unresolved(&key.api_version, &key.kind, &e);
-                return status::object(key, ObjectState::Error, Some(msg));
+                return ObjectStatus::new(key, ObjectState::Error, Some(msg));
             }
         };
         let live = match api.get_opt(&key.name).await {
@@ -149,7 +149,7 @@ impl Run<'_> {
                     "cannot read {named}: {}",
                     tender_runtime::reconcile::error_text(&e, okey.is_secret())
                 );
-                return status::object(key, ObjectState::Error, Some(msg));
+                return ObjectStatus::new(key, ObjectState::Error, Some(msg));
             }
         };
         let owned = live.as_ref().is_some_and(|l| {
@@ -158,7 +158,7 @@ impl Run<'_> {
             plan::ownership(annotations.as_ref(), self.owner) == plan::Ownership::Ours
         });
         let waiting = || {
-            status::object(
+            ObjectStatus::new(
                 key,
                 ObjectState::Missing,
                 Some(format!("waiting for {named} to complete")),
@@ -182,7 +182,7 @@ impl Run<'_> {
                     },
                     None => Op::Apply(apply),
                 };
-                tracing::info!(hook = %describe(key), event = step.event.as_str(), "starting hook");
+                tracing::info!(hook = %key, event = step.event.as_str(), "starting hook");
                 match self.writer.execute(op).await {
                     Ok(outcome) => {
                         self.ctx.metrics.written("apply", &key.kind);
@@ -198,7 +198,7 @@ impl Run<'_> {
             other => other,
         };
         match progress {
-            HookProgress::Succeeded => status::object(key, ObjectState::Ready, None),
+            HookProgress::Succeeded => ObjectStatus::new(key, ObjectState::Ready, None),
             HookProgress::Running | HookProgress::Start { .. } => match started_at(live.as_ref()) {
                 Some(t) if elapsed(t) > self.hook_timeout => failed(format!(
                     "it did not complete within {}s (helm.timeoutSeconds)",
@@ -215,10 +215,10 @@ impl Run<'_> {
                         uid: Some(uid.to_string()),
                     };
                     if let Err(e) = self.writer.execute(op).await {
-                        tracing::warn!(hook = %describe(key), error = %message(&e), "failed hook not deleted");
+                        tracing::warn!(hook = %key, error = %message(&e), "failed hook not deleted");
                     }
                 }
-                tracing::warn!(hook = %describe(key), event = step.event.as_str(), "hook failed");
+                tracing::warn!(hook = %key, event = step.event.as_str(), "hook failed");
                 failed(why)
             }
             HookProgress::NotOurs => failed(
@@ -248,7 +248,7 @@ impl Run<'_> {
                 }
                 let uid = live["metadata"]["uid"].as_str().map(str::to_string);
                 if let Err(e) = self.writer.execute(Op::Delete { key: okey, uid }).await {
-                    tracing::warn!(hook = %describe(&step.desired.key), error = %message(&e), "succeeded hook not deleted");
+                    tracing::warn!(hook = %step.desired.key, error = %message(&e), "succeeded hook not deleted");
                 }
             }
         }
@@ -260,7 +260,7 @@ fn namespace_error(key: &ObjectRef, errors: &[(String, String)]) -> Option<Objec
     errors
         .iter()
         .find(|(n, _)| n == ns)
-        .map(|(_, msg)| status::object(key, ObjectState::Error, Some(msg.clone())))
+        .map(|(_, msg)| ObjectStatus::new(key, ObjectState::Error, Some(msg.clone())))
 }
 
 fn started_at(live: Option<&Value>) -> Option<Timestamp> {

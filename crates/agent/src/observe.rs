@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use tender_types::{
-    BundleDeployment, BundleDeploymentOptions, Manifest, ObjectRef, ObjectState, namespaces,
+    BundleDeployment, BundleDeploymentOptions, Manifest, ObjectRef, ObjectState, ObjectStatus,
+    namespaces,
 };
 
 use crate::context::Context;
 use crate::hooks::{HookEvent, RenderedChart};
 use crate::inventory::Recorded;
 use crate::plan::{self, Owner, Planned};
-use crate::status;
 use crate::{Result, downstream};
 
 /// Default bound on a hook (Helm's `--timeout` default).
@@ -61,8 +61,8 @@ pub(crate) async fn observe(
         let keep = opts.keep_resources;
         for entry in &opts.downstream_resources {
             if let Err(msg) = &fan_out {
-                let key = plan::key(entry.api_version(), &entry.kind, None, &entry.name);
-                copies.push(Err(status::object(
+                let key = ObjectRef::new(entry.api_version(), &entry.kind, None, &entry.name);
+                copies.push(Err(ObjectStatus::new(
                     &key,
                     ObjectState::Error,
                     Some(msg.clone()),
@@ -103,7 +103,7 @@ pub(crate) async fn observe(
         let sources = crate::helm::needed_sources(helm, &copies_ns);
         let rendered = match crate::helm::pending_copy(&copies, &sources) {
             // A copy the chart reads is on its way: wait for it (Missing), not a failure.
-            Some(waiting) => Err(status::object(
+            Some(waiting) => Err(ObjectStatus::new(
                 &key,
                 ObjectState::Missing,
                 Some(format!("waiting for {} to be copied", waiting.describe())),
@@ -122,7 +122,7 @@ pub(crate) async fn observe(
                 .await
                 .map_err(|failure| {
                     tracing::warn!(bundle_deployment = %name, reason = failure.reason, "chart not rendered");
-                    status::object(&key, ObjectState::Error, Some(failure.to_string()))
+                    ObjectStatus::new(&key, ObjectState::Error, Some(failure.to_string()))
                 }),
         };
         match rendered {
@@ -173,7 +173,7 @@ pub(crate) async fn observe(
                 .refusal(&d.key, &ctx.config.agent_namespace)
         {
             refused.push(d.key.clone());
-            *p = Err(status::object(&d.key, ObjectState::Error, Some(why)));
+            *p = Err(ObjectStatus::new(&d.key, ObjectState::Error, Some(why)));
         }
     }
     let hook_timeout = spec
@@ -245,9 +245,11 @@ pub(crate) async fn removal_hooks(
                     .policy
                     .refusal(&d.key, &ctx.config.agent_namespace)
                 {
-                    Some(why) => {
-                        plan::Entry::Report(status::object(&d.key, ObjectState::Error, Some(why)))
-                    }
+                    Some(why) => plan::Entry::Report(ObjectStatus::new(
+                        &d.key,
+                        ObjectState::Error,
+                        Some(why),
+                    )),
                     None => plan::Entry::Hook(plan::HookStep {
                         desired: plan::hook_object(d, &bd.spec.deployment_id),
                         event,
@@ -301,18 +303,24 @@ async fn plan_carried(
     owner: &Owner,
     keep: bool,
 ) -> Vec<Planned> {
-    let key = plan::key(entry.api_version(), &entry.kind, None, &entry.name);
+    let key = ObjectRef::new(entry.api_version(), &entry.kind, None, &entry.name);
     let (resource, namespaced) = match ctx.down.resolve(entry.api_version(), &entry.kind).await {
         Ok(found) => found,
         Err(e) => {
             let msg = downstream::unresolved(entry.api_version(), &entry.kind, &e);
-            return vec![Err(status::object(&key, ObjectState::Error, Some(msg)))];
+            return vec![Err(ObjectStatus::new(&key, ObjectState::Error, Some(msg)))];
         }
     };
     ctx.drift.ensure_for(&resource, &owner.name);
     let object = match ctx.copies.carried(entry).await {
         Ok(object) => object,
-        Err(msg) => return vec![Err(status::object(&key, ObjectState::Missing, Some(msg)))],
+        Err(msg) => {
+            return vec![Err(ObjectStatus::new(
+                &key,
+                ObjectState::Missing,
+                Some(msg),
+            ))];
+        }
     };
     if namespaced {
         copy_namespaces
@@ -335,7 +343,7 @@ async fn plan_manifest(
     fan_out: Option<&BTreeSet<String>>,
     owner: &Owner,
 ) -> Vec<Planned> {
-    let key = plan::key(
+    let key = ObjectRef::new(
         m.api_version().unwrap_or_default(),
         m.kind().unwrap_or_default(),
         m.namespace(),
@@ -345,13 +353,13 @@ async fn plan_manifest(
         Ok(found) => found,
         Err(e) => {
             let msg = downstream::unresolved(&key.api_version, &key.kind, &e);
-            return vec![Err(status::object(&key, ObjectState::Error, Some(msg)))];
+            return vec![Err(ObjectStatus::new(&key, ObjectState::Error, Some(msg)))];
         }
     };
     ctx.drift.ensure_for(&resource, &owner.name);
     let one = |opts: &BundleDeploymentOptions| {
         plan::manifest(m, namespaced, opts, owner)
-            .map_err(|msg| status::object(&key, ObjectState::Error, Some(msg)))
+            .map_err(|msg| ObjectStatus::new(&key, ObjectState::Error, Some(msg)))
     };
     match fan_out {
         Some(set) if namespaced => set

@@ -13,7 +13,7 @@ use tender_types::{BundleDeployment, BundleDeploymentStatus, ObjectState, hash};
 
 use crate::Result;
 use crate::context::Context;
-use crate::status::{self, Outcome, describe};
+use crate::status::{self, Outcome};
 
 /// Writes the status computed from `outcome` and its events, if it differs from the current one.
 pub(crate) async fn report(ctx: &Context, bd: &BundleDeployment, outcome: &Outcome) -> Result<()> {
@@ -78,7 +78,7 @@ pub(crate) fn report_ops(
         ));
     }
     if !outcome.corrected.is_empty() {
-        let what: Vec<String> = outcome.corrected.iter().map(describe).collect();
+        let what: Vec<String> = outcome.corrected.iter().map(ToString::to_string).collect();
         events.push((
             EventType::Normal,
             "DriftCorrected",
@@ -96,7 +96,7 @@ pub(crate) fn report_ops(
             .resources
             .iter()
             .filter(|r| r.state == ObjectState::Conflict)
-            .map(|r| describe(&status::object_ref(r)))
+            .map(|r| r.object().to_string())
             .collect();
         events.push((
             EventType::Warning,
@@ -215,7 +215,7 @@ mod tests {
         assert!(report_ops(&bd(Some(new)), &again, &conflict).is_empty());
 
         let mut fixed = outcome(ObjectState::Ready);
-        fixed.corrected = vec![status::object_ref(&fixed.manifests[0])];
+        fixed.corrected = vec![fixed.manifests[0].object()];
         let new = status::compute(Some(&settled), &fixed, at(4));
         let ops = report_ops(&bd(Some(settled)), &new, &fixed);
         assert_eq!(reasons(&ops), ["status", "DriftCorrected"]);

@@ -30,36 +30,6 @@ pub struct Outcome {
     pub corrected: Vec<ObjectRef>,
 }
 
-/// Reference of an object status.
-pub fn object_ref(s: &ObjectStatus) -> ObjectRef {
-    ObjectRef {
-        api_version: s.api_version.clone(),
-        kind: s.kind.clone(),
-        namespace: s.namespace.clone(),
-        name: s.name.clone(),
-    }
-}
-
-/// The status of object `key`.
-pub fn object(key: &ObjectRef, state: ObjectState, message: Option<String>) -> ObjectStatus {
-    ObjectStatus {
-        api_version: key.api_version.clone(),
-        kind: key.kind.clone(),
-        namespace: key.namespace.clone(),
-        name: key.name.clone(),
-        state,
-        message,
-    }
-}
-
-/// `Kind ns/name` for messages.
-pub fn describe(r: &ObjectRef) -> String {
-    match &r.namespace {
-        Some(ns) => format!("{} {ns}/{}", r.kind, r.name),
-        None => format!("{} {}", r.kind, r.name),
-    }
-}
-
 fn with_state<'a>(list: &'a [ObjectStatus], states: &[ObjectState]) -> Vec<&'a ObjectStatus> {
     list.iter().filter(|s| states.contains(&s.state)).collect()
 }
@@ -70,7 +40,7 @@ fn summarize(list: &[&ObjectStatus]) -> String {
         .iter()
         .take(SHOWN)
         .map(|s| {
-            let what = describe(&object_ref(s));
+            let what = s.object().to_string();
             match &s.message {
                 Some(m) => format!("{what}: {m}"),
                 None => what,
@@ -228,7 +198,7 @@ pub fn compute(
     let (deployed_reason, deployed_message) = if applied {
         let mut message = format!("deployment {} applied", short(&o.deployment_id));
         if !o.corrected.is_empty() {
-            let restored: Vec<String> = o.corrected.iter().map(describe).collect();
+            let restored: Vec<String> = o.corrected.iter().map(ToString::to_string).collect();
             message.push_str(&format!(
                 "; restored after downstream drift: {}",
                 restored.join(", ")
@@ -323,7 +293,7 @@ pub fn compute(
     let refs = |states: &[ObjectState]| -> Vec<ObjectRef> {
         all.iter()
             .filter(|s| states.contains(&s.state))
-            .map(object_ref)
+            .map(ObjectStatus::object)
             .collect()
     };
     BundleDeploymentStatus {
@@ -513,7 +483,7 @@ mod tests {
         assert_eq!(s.display.as_ref().unwrap().state, "Modified");
 
         let mut fixed = outcome(true);
-        fixed.corrected = vec![object_ref(&fixed.copies[0])];
+        fixed.corrected = vec![fixed.copies[0].object()];
         let s = compute(Some(&s), &fixed, at(2));
         assert!(is_true(&s.conditions, TYPE_READY));
         let d = find_condition(&s.conditions, TYPE_DEPLOYED).unwrap();

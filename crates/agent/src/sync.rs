@@ -14,7 +14,6 @@ use tender_types::conditions::reason;
 use crate::context::Context;
 use crate::downstream::{self, message};
 use crate::plan::{self, Desired, Mode, ObjectPlan, Owner};
-use crate::status::{self, describe};
 
 /// Why the existing object `live` may not be adopted: only an unmanaged one is ever adopted,
 /// and never one of tender's own.
@@ -43,7 +42,7 @@ pub(crate) async fn sync_object(
     mode: Mode,
     corrected: &mut Vec<ObjectRef>,
 ) -> ObjectStatus {
-    let error = |msg: String| status::object(&d.key, ObjectState::Error, Some(msg));
+    let error = |msg: String| ObjectStatus::new(&d.key, ObjectState::Error, Some(msg));
     let (key, api) = match ctx.down.locate(&d.key).await {
         Ok(x) => x,
         Err(e) => return error(downstream::unresolved(&d.key.api_version, &d.key.kind, &e)),
@@ -73,7 +72,7 @@ pub(crate) async fn sync_object(
                 ObjectState::Missing | ObjectState::Modified => ctx.metrics.drift(false),
                 _ => {}
             }
-            return status::object(&d.key, state, message);
+            return ObjectStatus::new(&d.key, state, message);
         }
         ObjectPlan::Write {
             ops,
@@ -101,13 +100,13 @@ pub(crate) async fn sync_object(
     if corrects_drift {
         ctx.metrics.drift(true);
         corrected.push(d.key.clone());
-        tracing::info!(object = %describe(&d.key), "restored after downstream drift");
+        tracing::info!(object = %d.key, "restored after downstream drift");
     }
     ctx.drift.ensure(&key.resource);
     // A write the executor skipped (made a moment ago, the cache not caught up yet) is judged
     // on what the cache shows.
     let (state, message) = plan::applied_state(applied.as_ref().or(live.as_ref()));
-    status::object(&d.key, state, message)
+    ObjectStatus::new(&d.key, state, message)
 }
 
 /// `msg`, unless the request failed with a 404 because the kind is no longer served (its CRD

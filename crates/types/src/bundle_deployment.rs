@@ -276,6 +276,52 @@ pub struct ObjectRef {
     pub name: String,
 }
 
+impl ObjectStatus {
+    /// The status `state` (with `message`) of object `key`.
+    pub fn new(key: &ObjectRef, state: ObjectState, message: Option<String>) -> Self {
+        Self {
+            api_version: key.api_version.clone(),
+            kind: key.kind.clone(),
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+            state,
+            message,
+        }
+    }
+
+    /// Which object this status is about.
+    pub fn object(&self) -> ObjectRef {
+        ObjectRef {
+            api_version: self.api_version.clone(),
+            kind: self.kind.clone(),
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl ObjectRef {
+    /// An object reference from its parts.
+    pub fn new(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> Self {
+        Self {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+            namespace: namespace.map(str::to_string),
+            name: name.to_string(),
+        }
+    }
+}
+
+/// `Kind ns/name` (or `Kind name` when cluster-scoped), as messages name an object.
+impl std::fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
 /// Short status strings of a BundleDeployment.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]

@@ -41,7 +41,7 @@ use tender_types::{HelmOptions, ObjectRef};
 use crate::config::ChartLimits;
 use crate::downstream::Downstream;
 use crate::hooks::RenderedChart;
-use crate::plan::{self, Planned};
+use crate::plan::Planned;
 use crate::policy::Reads;
 
 /// Default bound on fetching and rendering one chart.
@@ -75,7 +75,7 @@ impl std::fmt::Display for ChartFailure {
 /// The status key of a chart that cannot be rendered (it stands for all its objects).
 pub fn chart_key(helm: &HelmOptions, release: &str, namespace: &str) -> ObjectRef {
     let _ = helm;
-    plan::key(
+    ObjectRef::new(
         "helm.tender.dev/v1",
         "HelmRelease",
         Some(namespace),

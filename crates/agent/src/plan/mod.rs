@@ -314,12 +314,7 @@ pub fn manifest(
 
 /// An [`ObjectRef`] from its parts.
 pub fn key(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> ObjectRef {
-    ObjectRef {
-        api_version: api_version.to_string(),
-        kind: kind.to_string(),
-        namespace: namespace.map(str::to_string),
-        name: name.to_string(),
-    }
+    ObjectRef::new(api_version, kind, namespace, name)
 }
 
 /// Who owns an existing downstream object, from its annotations.

@@ -97,12 +97,7 @@ impl Entry {
     /// The object this entry is about.
     pub fn key(&self) -> ObjectRef {
         match self {
-            Self::Report(s) => ObjectRef {
-                api_version: s.api_version.clone(),
-                kind: s.kind.clone(),
-                namespace: s.namespace.clone(),
-                name: s.name.clone(),
-            },
+            Self::Report(s) => s.object(),
             Self::Apply { desired, .. } => desired.key.clone(),
             Self::Hook(h) => h.desired.key.clone(),
         }
@@ -419,12 +414,7 @@ pub fn failed_hooks(
                         && m.contains(&marker)
                 })
         })
-        .map(|s| ObjectRef {
-            api_version: s.api_version.clone(),
-            kind: s.kind.clone(),
-            namespace: s.namespace.clone(),
-            name: s.name.clone(),
-        })
+        .map(ObjectStatus::object)
         .collect()
 }
 
@@ -436,14 +426,7 @@ pub fn run_marker(deployment_id: &str) -> String {
 
 /// The status of an entry that did not run because its phase was gated.
 pub fn not_started(key: &ObjectRef, why: &str) -> ObjectStatus {
-    ObjectStatus {
-        api_version: key.api_version.clone(),
-        kind: key.kind.clone(),
-        namespace: key.namespace.clone(),
-        name: key.name.clone(),
-        state: ObjectState::Missing,
-        message: Some(why.to_string()),
-    }
+    ObjectStatus::new(key, ObjectState::Missing, Some(why.to_string()))
 }
 
 #[cfg(test)]
