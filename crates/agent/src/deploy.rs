@@ -71,7 +71,11 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     // nothing unknown).
     let observed = observe::observe(ctx, bd, &owner, pending).await?;
     outcome.copy_feature_disabled = observed.copy_feature_disabled;
-    let plan = plan::deployment_plan(observed.input);
+    let plan = plan::deployment_plan(
+        observed.input,
+        &ctx.config.policy,
+        &ctx.config.agent_namespace,
+    );
     // The chart's release advances only once this deployment is applied (a failed upgrade
     // leaves the applied revision as it was).
     let applied_release = observed

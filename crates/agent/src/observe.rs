@@ -15,7 +15,7 @@ use tender_types::{
 use crate::context::Context;
 use crate::hooks::{HookEvent, RenderedChart};
 use crate::inventory::Recorded;
-use crate::plan::{self, Owner, Planned};
+use crate::plan::{self, Found, FoundHook, Owner, Planned};
 use crate::{Result, downstream};
 
 /// Default bound on a hook (Helm's `--timeout` default).
@@ -76,10 +76,9 @@ pub(crate) async fn observe(
             }
         }
     }
-    let manifest_namespaces = fan_out.as_ref().ok().cloned().flatten();
-    let mut manifests: Vec<Planned> = Vec::new();
+    let mut manifests: Vec<Found> = Vec::new();
     for m in &spec.resources {
-        manifests.extend(plan_manifest(ctx, m, opts, manifest_namespaces.as_ref(), owner).await);
+        manifests.push(find(ctx, m, owner).await);
     }
     let recorded = ctx.read_inventory(owner).await?;
     // The release applied last is recorded `<revision>/<deploymentID>`; another deploymentID
@@ -95,8 +94,9 @@ pub(crate) async fn observe(
     // The chart's objects follow the inline manifests through the same path; a chart that
     // cannot be rendered is one Error entry, which blocks pruning (nothing deployed goes away).
     let chart_from = manifests.len();
-    let mut crds: Vec<Planned> = Vec::new();
-    let mut hooks = Vec::new();
+    let mut crds: Vec<Found> = Vec::new();
+    let mut hooks: Vec<FoundHook> = Vec::new();
+    let mut chart_entry = None;
     if let Some(helm) = &spec.helm {
         let release = helm.release_name_or(&name);
         let key = crate::helm::chart_key(helm, release, &copies_ns);
@@ -126,54 +126,31 @@ pub(crate) async fn observe(
                 }),
         };
         match rendered {
-            Err(entry) => manifests.push(Err(entry)),
+            Err(entry) => chart_entry = Some(entry),
             Ok(chart) => {
                 let RenderedChart {
                     crds: chart_crds,
                     objects,
                     hooks: chart_hooks,
                 } = chart;
-                // CRDs from `crds/` are never deleted by tender, as Helm never deletes them.
-                let mut kept = opts.clone();
-                kept.keep_resources = true;
                 for m in &chart_crds {
-                    crds.extend(plan_manifest(ctx, m, &kept, None, owner).await);
+                    crds.push(find(ctx, m, owner).await);
                 }
                 for m in &objects {
-                    manifests.extend(
-                        plan_manifest(ctx, m, opts, manifest_namespaces.as_ref(), owner).await,
-                    );
+                    manifests.push(find(ctx, m, owner).await);
                 }
                 let (pre, post) = HookEvent::around(upgrade);
                 for event in [pre, post] {
                     for hook in crate::hooks::ordered(&chart_hooks, event) {
-                        for p in plan_manifest(ctx, &hook.manifest, opts, None, owner).await {
-                            let p = p.map(|d| plan::hook_object(d, &spec.deployment_id));
-                            hooks.push((event, p, hook.delete, hook.waits()));
-                        }
+                        hooks.push(FoundHook {
+                            event,
+                            found: find(ctx, &hook.manifest, owner).await,
+                            delete: hook.delete,
+                            waits: hook.waits(),
+                        });
                     }
                 }
             }
-        }
-    }
-    // The owner's policy: a refused object is reported and left alone (not applied, and kept
-    // out of pruning so an object deployed before the policy changed stays as it is).
-    let mut refused: Vec<ObjectRef> = Vec::new();
-    let hook_entries = hooks.iter_mut().map(|(_, p, _, _)| p);
-    for p in copies
-        .iter_mut()
-        .chain(manifests.iter_mut())
-        .chain(crds.iter_mut())
-        .chain(hook_entries)
-    {
-        if let Ok(d) = p
-            && let Some(why) = ctx
-                .config
-                .policy
-                .refusal(&d.key, &ctx.config.agent_namespace)
-        {
-            refused.push(d.key.clone());
-            *p = Err(ObjectStatus::new(&d.key, ObjectState::Error, Some(why)));
         }
     }
     let hook_timeout = spec
@@ -185,13 +162,17 @@ pub(crate) async fn observe(
     Ok(Observation {
         input: plan::Observed {
             pending,
+            run: spec.deployment_id.clone(),
+            owner: owner.clone(),
+            options: opts.clone(),
+            fan_out: fan_out.ok().flatten(),
             copies,
             manifests,
             chart_from,
+            chart_entry,
             crds,
             hooks,
             upgrade,
-            refused,
             previous: recorded
                 .as_ref()
                 .map(|r| r.objects.clone())
@@ -236,32 +217,23 @@ pub(crate) async fn removal_hooks(
         )
         .await
         .map_err(|f| f.to_string())?;
-    let mut entries = Vec::new();
+    let mut hooks = Vec::new();
     for hook in chart.hooks_of(event) {
-        for p in plan_manifest(ctx, &hook.manifest, opts, None, owner).await {
-            entries.push(match p {
-                Ok(d) => match ctx
-                    .config
-                    .policy
-                    .refusal(&d.key, &ctx.config.agent_namespace)
-                {
-                    Some(why) => plan::Entry::Report(ObjectStatus::new(
-                        &d.key,
-                        ObjectState::Error,
-                        Some(why),
-                    )),
-                    None => plan::Entry::Hook(plan::HookStep {
-                        desired: plan::hook_object(d, &bd.spec.deployment_id),
-                        event,
-                        delete: hook.delete,
-                        waits: hook.waits(),
-                    }),
-                },
-                Err(s) => plan::Entry::Report(s),
-            });
-        }
+        hooks.push(FoundHook {
+            event,
+            found: find(ctx, &hook.manifest, owner).await,
+            delete: hook.delete,
+            waits: hook.waits(),
+        });
     }
-    Ok(entries)
+    Ok(plan::removal_hook_entries(
+        &hooks,
+        opts,
+        owner,
+        &bd.spec.deployment_id,
+        &ctx.config.policy,
+        &ctx.config.agent_namespace,
+    ))
 }
 
 /// The fan-out namespaces of a deployment (`None`: it does not fan out), from the downstream
@@ -332,44 +304,22 @@ async fn plan_carried(
     }
 }
 
-/// A manifest as desired downstream (its kind discovered and watched for drift): once, or
-/// with fan-out once per namespace for a namespaced kind.
-// `Planned` carries an ObjectStatus as its error by design (it is the status to report).
-#[allow(clippy::result_large_err)]
-async fn plan_manifest(
-    ctx: &Context,
-    m: &Manifest,
-    opts: &BundleDeploymentOptions,
-    fan_out: Option<&BTreeSet<String>>,
-    owner: &Owner,
-) -> Vec<Planned> {
-    let key = ObjectRef::new(
+/// A manifest as observed: its kind discovered downstream (and watched for drift), or why it
+/// cannot be (`KindNotInstalled`).
+async fn find(ctx: &Context, m: &Manifest, owner: &Owner) -> Found {
+    let (api_version, kind) = (
         m.api_version().unwrap_or_default(),
         m.kind().unwrap_or_default(),
-        m.namespace(),
-        m.name().unwrap_or_default(),
     );
-    let (resource, namespaced) = match ctx.down.resolve(&key.api_version, &key.kind).await {
-        Ok(found) => found,
-        Err(e) => {
-            let msg = downstream::unresolved(&key.api_version, &key.kind, &e);
-            return vec![Err(ObjectStatus::new(&key, ObjectState::Error, Some(msg)))];
+    let namespaced = match ctx.down.resolve(api_version, kind).await {
+        Ok((resource, namespaced)) => {
+            ctx.drift.ensure_for(&resource, &owner.name);
+            Ok(namespaced)
         }
+        Err(e) => Err(downstream::unresolved(api_version, kind, &e)),
     };
-    ctx.drift.ensure_for(&resource, &owner.name);
-    let one = |opts: &BundleDeploymentOptions| {
-        plan::manifest(m, namespaced, opts, owner)
-            .map_err(|msg| ObjectStatus::new(&key, ObjectState::Error, Some(msg)))
-    };
-    match fan_out {
-        Some(set) if namespaced => set
-            .iter()
-            .map(|ns| {
-                let mut o = opts.clone();
-                o.target_namespace = Some(ns.clone());
-                one(&o)
-            })
-            .collect(),
-        _ => vec![one(opts)],
+    Found {
+        manifest: m.clone(),
+        namespaced,
     }
 }

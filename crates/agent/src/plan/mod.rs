@@ -11,9 +11,9 @@ pub use object::{
     needs_recreate, object_plan, readiness,
 };
 pub use phases::{
-    DeployPlan, Entry, HOOK_RUN, HookProgress, HookStep, Observed, Phase, PlannedPhase,
-    failed_hooks, finished, gate, hook_object, hook_progress, in_place, not_started,
-    plan as deployment_plan, run_marker,
+    DeployPlan, Entry, Found, FoundHook, HOOK_RUN, HookProgress, HookStep, Observed, Phase,
+    PlannedPhase, failed_hooks, finished, gate, hook_object, hook_progress, in_place, not_started,
+    plan as deployment_plan, removal_hooks as removal_hook_entries, run_marker,
 };
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,7 +34,7 @@ use tender_types::{
 pub type Planned = Result<Desired, ObjectStatus>;
 
 /// The BundleDeployment that owns downstream objects: its cluster namespace on the hub and name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Owner {
     /// The cluster's own namespace on the hub.
     pub cluster_namespace: String,

@@ -3,13 +3,16 @@
 //! ordinary objects, the post hooks, and the prune set. Pure: the executor runs the phases,
 //! [`gate`] says when one may not start, and a refused or failing object is an entry to report.
 
+use std::collections::BTreeSet;
+
 use serde_json::Value;
 use tender_types::hash::value_hash;
 use tender_types::labels;
-use tender_types::{ObjectRef, ObjectState, ObjectStatus};
+use tender_types::{BundleDeploymentOptions, Manifest, ObjectRef, ObjectState, ObjectStatus};
 
-use super::{Desired, Planned, group_of, prune_set, union};
+use super::{Desired, Owner, Planned, group_of, manifest, prune_set, union};
 use crate::hooks::{DeletePolicy, HookEvent};
+use crate::policy::Policy;
 
 /// Annotation on a hook object: the deploymentID of the run that created it. A hook whose
 /// object carries the current run has run (or is running) for this deployment.
@@ -129,25 +132,57 @@ pub struct DeployPlan {
     pub prune: Vec<ObjectRef>,
 }
 
-/// The observed inputs of a deployment's plan.
+/// A manifest as observed: its kind's scope from discovery (`Err`: why it cannot be applied,
+/// e.g. `KindNotInstalled`).
+#[derive(Clone, Debug)]
+pub struct Found {
+    /// The manifest as written or rendered.
+    pub manifest: Manifest,
+    /// Whether its kind is namespaced downstream.
+    pub namespaced: Result<bool, String>,
+}
+
+/// A chart hook as observed.
+#[derive(Clone, Debug)]
+pub struct FoundHook {
+    /// The event it runs at.
+    pub event: HookEvent,
+    /// Its object.
+    pub found: Found,
+    /// `helm.sh/hook-delete-policy`.
+    pub delete: DeletePolicy,
+    /// Whether the rollout waits for it.
+    pub waits: bool,
+}
+
+/// What one observation of a deployment found: the plan's only input besides the owner's
+/// policy.
 #[derive(Clone, Debug, Default)]
 pub struct Observed {
     /// A new deploymentID is waiting to be applied.
     pub pending: bool,
+    /// The deploymentID (marks this run's hook objects).
+    pub run: String,
+    /// Whose objects these are.
+    pub owner: Owner,
+    /// The deployment's options.
+    pub options: BundleDeploymentOptions,
+    /// The fan-out namespaces (`None`: no fan-out, or its selector is invalid).
+    pub fan_out: Option<BTreeSet<String>>,
     /// The copies, in `downstreamResources` order (one per fan-out namespace).
     pub copies: Vec<Planned>,
     /// The inline manifests followed by the chart's ordinary objects (from `chart_from` on).
-    pub manifests: Vec<Planned>,
+    pub manifests: Vec<Found>,
     /// Index of the first chart object in `manifests`.
     pub chart_from: usize,
+    /// The chart's entry when it was not rendered (failed, or waiting for a copy).
+    pub chart_entry: Option<ObjectStatus>,
     /// CRDs from the chart's `crds/` directory.
-    pub crds: Vec<Planned>,
-    /// The chart's hooks of the events this run executes, in Helm's order per event.
-    pub hooks: Vec<(HookEvent, Planned, DeletePolicy, bool)>,
+    pub crds: Vec<Found>,
+    /// The chart's hooks of this run's events, in Helm's order per event.
+    pub hooks: Vec<FoundHook>,
     /// Whether the chart is upgraded (an earlier deployment of it was applied).
     pub upgrade: bool,
-    /// Objects refused by the owner's policy (kept out of pruning).
-    pub refused: Vec<ObjectRef>,
     /// The inventory before this run.
     pub previous: Vec<ObjectRef>,
 }
@@ -157,47 +192,124 @@ fn is_namespace(p: &Planned) -> bool {
         .is_ok_and(|d| d.key.kind == "Namespace" && group_of(&d.key.api_version).is_empty())
 }
 
+/// The desired objects of one observed manifest: once, or with fan-out once per namespace for
+/// a namespaced kind.
+// `Planned` carries an ObjectStatus as its error by design (it is the status to report).
+#[allow(clippy::result_large_err)]
+fn desired_of(
+    found: &Found,
+    options: &BundleDeploymentOptions,
+    fan_out: Option<&BTreeSet<String>>,
+    owner: &Owner,
+) -> Vec<Planned> {
+    let m = &found.manifest;
+    let key = ObjectRef::new(
+        m.api_version().unwrap_or_default(),
+        m.kind().unwrap_or_default(),
+        m.namespace(),
+        m.name().unwrap_or_default(),
+    );
+    let error = |msg: String| ObjectStatus::new(&key, ObjectState::Error, Some(msg));
+    let namespaced = match &found.namespaced {
+        Ok(namespaced) => *namespaced,
+        Err(msg) => return vec![Err(error(msg.clone()))],
+    };
+    let one = |o: &BundleDeploymentOptions| manifest(m, namespaced, o, owner).map_err(error);
+    match fan_out {
+        Some(set) if namespaced => set
+            .iter()
+            .map(|ns| {
+                let mut o = options.clone();
+                o.target_namespace = Some(ns.clone());
+                one(&o)
+            })
+            .collect(),
+        _ => vec![one(options)],
+    }
+}
+
 /// The phases of a deployment. Hooks run only while a new deploymentID is pending (an applied
-/// deployment is kept in place without running them again).
-pub fn plan(observed: Observed) -> DeployPlan {
+/// deployment is kept in place without running them again). An object the owner's `policy`
+/// refuses is reported and left alone (not applied, and kept out of pruning so an object
+/// deployed before the policy changed stays as it is).
+pub fn plan(observed: Observed, policy: &Policy, agent_namespace: &str) -> DeployPlan {
     let Observed {
         pending,
+        run,
+        owner,
+        options,
+        fan_out,
         copies,
         manifests,
         chart_from,
+        chart_entry,
         crds,
         hooks,
         upgrade,
-        refused,
         previous,
     } = observed;
-    let keys = |list: &[Planned]| -> Vec<ObjectRef> {
-        list.iter()
-            .filter_map(|p| p.as_ref().ok().map(|d| d.key.clone()))
+    let mut objects: Vec<(Planned, bool)> = Vec::new();
+    for (i, found) in manifests.iter().enumerate() {
+        let chart = i >= chart_from;
+        for p in desired_of(found, &options, fan_out.as_ref(), &owner) {
+            objects.push((p, chart));
+        }
+    }
+    objects.extend(chart_entry.map(|s| (Err(s), true)));
+    // CRDs from `crds/` are never deleted by tender, as Helm never deletes them.
+    let mut kept = options.clone();
+    kept.keep_resources = true;
+    let mut crds: Vec<Planned> = crds
+        .iter()
+        .flat_map(|f| desired_of(f, &kept, None, &owner))
+        .collect();
+    let mut hooks: Vec<(HookEvent, Planned, DeletePolicy, bool)> = hooks
+        .iter()
+        .flat_map(|h| {
+            desired_of(&h.found, &options, None, &owner)
+                .into_iter()
+                .map(|p| (h.event, p.map(|d| hook_object(d, &run)), h.delete, h.waits))
+        })
+        .collect();
+    let mut copies = copies;
+    let mut refused: Vec<ObjectRef> = Vec::new();
+    let all = copies
+        .iter_mut()
+        .chain(objects.iter_mut().map(|(p, _)| p))
+        .chain(crds.iter_mut())
+        .chain(hooks.iter_mut().map(|(_, p, _, _)| p));
+    for p in all {
+        if let Ok(d) = p
+            && let Some(why) = policy.refusal(&d.key, agent_namespace)
+        {
+            refused.push(d.key.clone());
+            *p = Err(ObjectStatus::new(&d.key, ObjectState::Error, Some(why)));
+        }
+    }
+
+    let keys = |list: &mut dyn Iterator<Item = &Planned>| -> Vec<ObjectRef> {
+        list.filter_map(|p| p.as_ref().ok().map(|d| d.key.clone()))
             .collect()
     };
-    let mut desired = keys(&copies);
-    desired.extend(keys(&crds));
-    desired.extend(keys(&manifests));
+    let mut desired = keys(&mut copies.iter());
+    desired.extend(keys(&mut crds.iter()));
+    desired.extend(keys(&mut objects.iter().map(|(p, _)| p)));
     // A hook object is findable like any other (a crash leaves nothing unknown); it is kept
     // while the chart renders it and pruned when the chart stops rendering it.
-    desired.extend(
-        hooks
-            .iter()
-            .filter_map(|(_, p, _, _)| p.as_ref().ok().map(|d| d.key.clone())),
-    );
+    desired.extend(keys(&mut hooks.iter().map(|(_, p, _, _)| p)));
     desired.extend(refused);
     dedup(&mut desired);
     let record = union(&previous, &desired);
     let prune = prune_set(&record, &desired);
 
-    let own_namespaces: Vec<String> = manifests
+    let own_namespaces: Vec<String> = objects
         .iter()
-        .filter(|p| is_namespace(p))
-        .filter_map(|p| p.as_ref().ok().map(|d| d.key.name.clone()))
+        .filter(|(p, _)| is_namespace(p))
+        .filter_map(|(p, _)| p.as_ref().ok().map(|d| d.key.name.clone()))
         .collect();
-    let mut namespaces: Vec<String> = manifests
+    let mut namespaces: Vec<String> = objects
         .iter()
+        .map(|(p, _)| p)
         .chain(&copies)
         .chain(&crds)
         .chain(hooks.iter().map(|(_, p, _, _)| p))
@@ -207,16 +319,14 @@ pub fn plan(observed: Observed) -> DeployPlan {
     namespaces.sort();
     namespaces.dedup();
 
-    let (ns_manifests, rest): (Vec<_>, Vec<_>) = manifests
-        .into_iter()
-        .enumerate()
-        .partition(|(_, p)| is_namespace(p));
+    let (ns_objects, rest): (Vec<_>, Vec<_>) =
+        objects.into_iter().partition(|(p, _)| is_namespace(p));
     let mut phases = vec![
         PlannedPhase {
             phase: Phase::Namespaces,
-            entries: ns_manifests
+            entries: ns_objects
                 .into_iter()
-                .map(|(i, p)| Entry::of(p, i >= chart_from))
+                .map(|(p, chart)| Entry::of(p, chart))
                 .collect(),
         },
         PlannedPhase {
@@ -252,7 +362,7 @@ pub fn plan(observed: Observed) -> DeployPlan {
         phase: Phase::Objects,
         entries: rest
             .into_iter()
-            .map(|(i, p)| Entry::of(p, i >= chart_from))
+            .map(|(p, chart)| Entry::of(p, chart))
             .collect(),
     });
     if pending {
@@ -266,6 +376,38 @@ pub fn plan(observed: Observed) -> DeployPlan {
         phases,
         prune,
     }
+}
+
+/// The entries of removal hooks (`pre-delete`, `post-delete`) as observed.
+pub fn removal_hooks(
+    hooks: &[FoundHook],
+    options: &BundleDeploymentOptions,
+    owner: &Owner,
+    run: &str,
+    policy: &Policy,
+    agent_namespace: &str,
+) -> Vec<Entry> {
+    hooks
+        .iter()
+        .flat_map(|h| {
+            desired_of(&h.found, options, None, owner)
+                .into_iter()
+                .map(move |p| match p {
+                    Ok(d) => match policy.refusal(&d.key, agent_namespace) {
+                        Some(why) => {
+                            Entry::Report(ObjectStatus::new(&d.key, ObjectState::Error, Some(why)))
+                        }
+                        None => Entry::Hook(HookStep {
+                            desired: hook_object(d, run),
+                            event: h.event,
+                            delete: h.delete,
+                            waits: h.waits,
+                        }),
+                    },
+                    Err(s) => Entry::Report(s),
+                })
+        })
+        .collect()
 }
 
 fn dedup(list: &mut Vec<ObjectRef>) {

@@ -5,43 +5,79 @@ use super::super::fixtures::*;
 use super::super::{key, manifest};
 use super::*;
 use crate::hooks::{DeletePolicy, HookEvent};
+use crate::policy::Policy;
+
+#[allow(clippy::result_large_err)]
+fn found(kind: &str, name: &str) -> Found {
+    let api = match kind {
+        "Deployment" => "apps/v1",
+        "Job" => "batch/v1",
+        "CustomResourceDefinition" => "apiextensions.k8s.io/v1",
+        _ => "v1",
+    };
+    Found {
+        manifest: Manifest(json!({"apiVersion": api, "kind": kind, "metadata": {"name": name}})),
+        namespaced: Ok(!matches!(kind, "Namespace" | "CustomResourceDefinition")),
+    }
+}
 
 #[allow(clippy::result_large_err)]
 fn object(kind: &str, name: &str) -> Planned {
-    let api = if kind == "Deployment" || kind == "Job" {
-        if kind == "Job" { "batch/v1" } else { "apps/v1" }
-    } else {
-        "v1"
-    };
-    let m = Manifest(json!({"apiVersion": api, "kind": kind, "metadata": {"name": name}}));
-    manifest(&m, kind != "Namespace", &opts(Some("apps")), &owner())
-        .map_err(|msg| not_started(&key(api, kind, None, name), &msg))
+    let f = found(kind, name);
+    manifest(
+        &f.manifest,
+        f.namespaced.unwrap(),
+        &opts(Some("apps")),
+        &owner(),
+    )
+    .map_err(|msg| not_started(&key("v1", kind, None, name), &msg))
 }
 
-fn hook(event: HookEvent, name: &str) -> (HookEvent, Planned, DeletePolicy, bool) {
-    let p = object("Job", name).map(|d| hook_object(d, "d2"));
-    (event, p, DeletePolicy::default(), true)
+fn hook(event: HookEvent, name: &str) -> FoundHook {
+    FoundHook {
+        event,
+        found: found("Job", name),
+        delete: DeletePolicy::default(),
+        waits: true,
+    }
+}
+
+/// The owner refuses PodTemplates (and nothing else) in these tests.
+fn policy() -> Policy {
+    Policy {
+        allowed_namespaces: Vec::new(),
+        refused_kinds: vec!["PodTemplate".into()],
+        readable_namespaces: None,
+    }
+}
+
+fn planned(o: Observed) -> DeployPlan {
+    plan(o, &policy(), "tender-system")
 }
 
 fn observed(pending: bool, upgrade: bool) -> Observed {
     let (pre, post) = HookEvent::around(upgrade);
     Observed {
         pending,
+        run: "d2".into(),
+        owner: owner(),
+        options: opts(Some("apps")),
         copies: vec![Ok(db_copy(&hub_secret()))],
         manifests: vec![
-            object("Namespace", "apps"),
-            object("ConfigMap", "inline"),
-            object("Deployment", "web"),
+            found("Namespace", "apps"),
+            found("ConfigMap", "inline"),
+            found("PodTemplate", "refused"),
+            found("Deployment", "web"),
         ],
-        chart_from: 2,
-        crds: vec![object("CustomResourceDefinition", "widgets.x.io")],
+        chart_from: 3,
+        crds: vec![found("CustomResourceDefinition", "widgets.x.io")],
         hooks: vec![hook(pre, "migrate"), hook(post, "notify")],
         upgrade,
-        refused: vec![key("v1", "Secret", Some("apps"), "refused")],
         previous: vec![
             key("v1", "ConfigMap", Some("apps"), "inline"),
             key("v1", "ConfigMap", Some("apps"), "gone"),
         ],
+        ..Default::default()
     }
 }
 
@@ -70,7 +106,7 @@ fn shape(plan: &DeployPlan) -> Vec<(String, Vec<String>)> {
 
 #[test]
 fn an_install_runs_its_phases_in_helm_order() {
-    let plan = plan(observed(true, false));
+    let plan = planned(observed(true, false));
     let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
     assert_eq!(
         shape(&plan),
@@ -84,7 +120,11 @@ fn an_install_runs_its_phases_in_helm_order() {
             ("pre-install".into(), s(&["hook Job migrate"])),
             (
                 "objects".into(),
-                s(&["apply ConfigMap inline", "chart Deployment web"])
+                s(&[
+                    "apply ConfigMap inline",
+                    "report PodTemplate refused",
+                    "chart Deployment web"
+                ])
             ),
             ("post-install".into(), s(&["hook Job notify"])),
         ]
@@ -96,7 +136,7 @@ fn an_install_runs_its_phases_in_helm_order() {
     );
     assert!(
         plan.desired
-            .contains(&key("v1", "Secret", Some("apps"), "refused"))
+            .contains(&key("v1", "PodTemplate", Some("apps"), "refused"))
     );
     assert_eq!(
         plan.prune,
@@ -112,7 +152,7 @@ fn an_install_runs_its_phases_in_helm_order() {
 
 #[test]
 fn an_upgrade_runs_the_upgrade_hooks_and_an_applied_deployment_runs_none() {
-    let upgrade = plan(observed(true, true));
+    let upgrade = planned(observed(true, true));
     let phases: Vec<_> = upgrade.phases.iter().map(|p| p.phase.name()).collect();
     assert_eq!(
         phases,
@@ -125,7 +165,7 @@ fn an_upgrade_runs_the_upgrade_hooks_and_an_applied_deployment_runs_none() {
             "post-upgrade"
         ]
     );
-    let applied = plan(observed(false, true));
+    let applied = planned(observed(false, true));
     let phases: Vec<_> = applied.phases.iter().map(|p| p.phase.name()).collect();
     assert_eq!(phases, ["namespaces", "copies", "CRDs", "objects"]);
     // Its hook objects stay recorded (not pruned while the chart renders them).
@@ -245,17 +285,29 @@ fn hook_progress_follows_the_live_object_of_this_run() {
 #[test]
 fn a_refused_or_unrendered_entry_is_reported_not_written() {
     let mut o = observed(true, false);
-    o.manifests.push(Err(not_started(
+    o.chart_entry = Some(not_started(
         &key("v1", "Chart", None, "web"),
         "ChartRenderFailed: boom",
-    )));
-    let plan = plan(o);
+    ));
+    o.manifests.push(Found {
+        namespaced: Err("KindNotInstalled: Widget".into()),
+        ..found("Widget", "w")
+    });
+    let plan = planned(o);
     let objects = plan
         .phases
         .iter()
         .find(|p| p.phase == Phase::Objects)
         .unwrap();
-    assert!(matches!(objects.entries.last(), Some(Entry::Report(_))));
+    let n = objects.entries.len();
+    assert!(
+        matches!(objects.entries[n - 2], Entry::Report(_)),
+        "the unknown kind"
+    );
+    assert!(
+        matches!(objects.entries[n - 1], Entry::Report(_)),
+        "the chart"
+    );
 }
 
 #[test]
