@@ -15,12 +15,10 @@ use std::time::{Duration, SystemTime};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use kube::api::Api;
-use tender_e2e::audit::service_account_user;
 use tender_e2e::fixture::{Workspace, app_bundle, stays};
-use tender_e2e::local_pod::service_account_kubeconfig;
-use tender_e2e::proxy::{ForwardedWrite, WriteGate};
+use tender_e2e::proxy::{ForwardedWrite, GatedIdentity};
 use tender_e2e::running::{OwnEnv, Running, install_hub_chart};
-use tender_e2e::{HUB, client_from_yaml, eventually, unique_name};
+use tender_e2e::{HUB, eventually};
 use tender_runtime::leader::{LEASE_DURATION_SECONDS, RENEW_DEADLINE};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -48,28 +46,9 @@ async fn a_leader_whose_renewals_hang_stops_writing_before_the_standby_takes_the
     let ws = Workspace::without_hub(env.0, "split-brain").await;
     let deployment = install_hub_chart(&ws.hub, &ws.ns, &[]).await;
     let release_ns = deployment.namespace().unwrap();
-    let service_account = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|s| s.service_account_name.clone())
-        .expect("the chart names the hub's ServiceAccount");
-    let server = env.0.cluster(HUB).server.clone();
-    let identity = service_account_kubeconfig(
-        &ws.hub,
-        &server,
-        env.0.ca_pem(),
-        &release_ns,
-        &service_account,
-    )
-    .await
-    .unwrap();
-    let gate = WriteGate::start(client_from_yaml(&identity).await.unwrap())
-        .await
-        .unwrap();
-    let gated = env.0.state_dir().join(unique_name("gated-kubeconfig"));
-    std::fs::write(&gated, gate.rewrite_kubeconfig(&identity, &server)).unwrap();
-    let gated = gated.display().to_string();
+    let gated = GatedIdentity::of_deployment(env.0, HUB, &deployment).await;
+    let gate = &gated.gate;
+    let (flag, kubeconfig) = gated.flag();
 
     let leases: Api<Lease> = Api::namespaced(ws.hub.clone(), &release_ns);
     let lease_path =
@@ -79,7 +58,7 @@ async fn a_leader_whose_renewals_hang_stops_writing_before_the_standby_takes_the
         HUB,
         &deployment,
         "tender-hub-0",
-        &[("--kubeconfig", &gated)],
+        &[(flag, &kubeconfig)],
     )
     .await;
     eventually("tender-hub-0 to hold the Lease", WAIT, || async {
@@ -228,8 +207,7 @@ async fn a_leader_whose_renewals_hang_stops_writing_before_the_standby_takes_the
     gate.discard_held();
     drop(a);
     // Neither replica (one ServiceAccount) was refused anything by the apiserver.
-    env.0.audit(HUB).assert_never_refused(
-        &service_account_user(&release_ns, &service_account),
-        "the hub",
-    );
+    env.0
+        .audit(HUB)
+        .assert_never_refused(&gated.user, "the hub");
 }

@@ -126,8 +126,19 @@ impl WriteGate {
     /// Arms the gate for some writes only: every write request for which `hold` answers true
     /// (given its method and path) is held; every other request flows.
     pub fn hold_only(&self, hold: impl Fn(&http::Method, &str) -> bool + Send + Sync + 'static) {
+        self.hold_matching_after(0, hold);
+    }
+
+    /// Like [`WriteGate::hold_writes_after`] for the writes `hold` names only: the next
+    /// `allowance` of them pass, every one after them is held; writes it does not name (a
+    /// Lease's renewals) flow and use no allowance.
+    pub fn hold_matching_after(
+        &self,
+        allowance: u64,
+        hold: impl Fn(&http::Method, &str) -> bool + Send + Sync + 'static,
+    ) {
         *self.state.hold_only.lock().unwrap() = Some(Arc::new(hold));
-        self.state.allowance.store(0, Ordering::SeqCst);
+        self.state.allowance.store(allowance, Ordering::SeqCst);
         self.state.mode.send_modify(|m| m.hold = true);
     }
 
@@ -506,4 +517,62 @@ where
     }
     w.write_all(b"0\r\n\r\n").await?;
     w.flush().await
+}
+
+/// A chart's ServiceAccount reaching its apiserver through a [`WriteGate`]: the gate sends with
+/// a token of that ServiceAccount (so RBAC and the audit log see the chart's identity), and
+/// [`GatedIdentity::kubeconfig`] is the file a process started with `--kubeconfig` reads.
+pub struct GatedIdentity {
+    pub gate: WriteGate,
+    /// The kubeconfig file pointing at the gate.
+    pub kubeconfig: std::path::PathBuf,
+    /// `system:serviceaccount:<namespace>:<name>`.
+    pub user: String,
+}
+
+impl GatedIdentity {
+    /// A gate (open) for the ServiceAccount of `deployment` (stored on `cluster`).
+    ///
+    /// # Panics
+    /// When the Deployment names no ServiceAccount or no token can be had for it.
+    pub async fn of_deployment(
+        env: &crate::TestEnv,
+        cluster: &str,
+        deployment: &k8s_openapi::api::apps::v1::Deployment,
+    ) -> Self {
+        use kube::ResourceExt;
+        let namespace = deployment.namespace().expect("a namespaced Deployment");
+        let service_account = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|s| s.service_account_name.clone())
+            .expect("the Deployment names its ServiceAccount");
+        let server = env.cluster(cluster).server.clone();
+        let client = env.client(cluster).await.unwrap();
+        let identity = crate::local_pod::service_account_kubeconfig(
+            &client,
+            &server,
+            env.ca_pem(),
+            &namespace,
+            &service_account,
+        )
+        .await
+        .unwrap();
+        let gate = WriteGate::start(crate::client_from_yaml(&identity).await.unwrap())
+            .await
+            .unwrap();
+        let kubeconfig = env.state_dir().join(crate::unique_name("gated-kubeconfig"));
+        std::fs::write(&kubeconfig, gate.rewrite_kubeconfig(&identity, &server)).unwrap();
+        Self {
+            gate,
+            kubeconfig,
+            user: crate::audit::service_account_user(&namespace, &service_account),
+        }
+    }
+
+    /// `--kubeconfig=<the gated file>`, for [`crate::running::Running::start`]'s flags.
+    pub fn flag(&self) -> (&'static str, String) {
+        ("--kubeconfig", self.kubeconfig.display().to_string())
+    }
 }

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 mod gate;
-pub use gate::{ForwardedWrite, HoldPredicate, WriteGate};
+pub use gate::{ForwardedWrite, GatedIdentity, HoldPredicate, WriteGate};
 
 /// Connection counters of a [`TcpProxy`].
 #[derive(Debug, Default)]
