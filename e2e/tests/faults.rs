@@ -960,10 +960,11 @@ async fn an_agent_whose_access_is_revoked_mid_watch_deletes_nothing_and_resumes(
     assert_eq!(agent_removals(&agent).await, 0);
     hub.assert_running();
     eprintln!(
-        "[{}] agent refused for {:.0} s: nothing deleted; the rotation arrived {:.1} s after the \
-         RoleBinding returned",
+        "[{}] agent refused for {:.0} s ({} answers 401/403 to {agent_identity} in the hub's \
+         audit log): nothing deleted; the rotation arrived {:.1} s after the RoleBinding returned",
         ws.ns,
         window.as_secs_f64(),
+        env.0.audit(HUB).refusals_of(&agent_identity).len(),
         resumed.as_secs_f64()
     );
 }
