@@ -650,6 +650,12 @@ async fn the_hub_sigkilled_during_a_fan_out_converges_to_exactly_the_right_objec
     // No refusal, counted by the hub's apiserver: the hub's and the agents' identities each
     // made requests, and none was answered 401 or 403.
     let audit = env.0.audit(HUB);
+    eprintln!(
+        "[{}] the hub apiserver's audit log: {} requests of tender's identities, {} bytes",
+        ws.ns,
+        audit.answers.len(),
+        std::fs::metadata(env.0.audit_log(HUB)).map_or(0, |m| m.len())
+    );
     audit.assert_never_refused(&gated.user, "the hub");
     for (c, _, _) in &agents {
         audit.assert_never_refused(&agent_user(&ws.ns, c), &format!("the agent of {c}"));
