@@ -260,6 +260,9 @@ impl TestEnv {
             &etcd_log,
         )?);
 
+        let audit_policy = state_dir.join("audit-policy.yaml");
+        fs::write(&audit_policy, crate::audit::POLICY)?;
+
         let mut names = vec![HUB.to_string()];
         names.extend((1..=opts.downstream).map(downstream_name));
         for name in &names {
@@ -306,6 +309,11 @@ impl TestEnv {
                     "--enable-priority-and-fairness=false".into(),
                     "--profiling=false".into(),
                     "--enable-garbage-collector=true".into(),
+                    // Every request of an identity under test, as JSON lines (crate::audit).
+                    format!("--audit-policy-file={}", audit_policy.display()),
+                    format!("--audit-log-path={}", p("audit.log")),
+                    "--audit-log-format=json".into(),
+                    "--audit-log-mode=blocking".into(),
                     "--v=0".into(),
                 ],
                 &dir.join("kube-apiserver.log"),
@@ -494,6 +502,18 @@ impl TestEnv {
             .iter()
             .find(|c| c.name == name)
             .unwrap_or_else(|| panic!("no cluster {name} in the test environment"))
+    }
+
+    /// The audit log of `cluster`'s apiserver (JSON lines; see [`crate::audit`]).
+    pub fn audit_log(&self, cluster: &str) -> PathBuf {
+        self.state_dir
+            .join(&self.cluster(cluster).name)
+            .join("audit.log")
+    }
+
+    /// What `cluster`'s apiserver answered each identity under test so far.
+    pub fn audit(&self, cluster: &str) -> crate::audit::Audit {
+        crate::audit::Audit::read(&self.audit_log(cluster))
     }
 
     /// The CA certificate (PEM) every apiserver's serving certificate chains to.

@@ -47,6 +47,8 @@ pub async fn shared_env(downstream: usize) -> &'static TestEnv {
 /// Registering clusters and running agents in-process (owned by the agent work).
 pub mod agent_harness;
 pub mod apply;
+/// The apiservers' audit logs: what each identity was answered.
+pub mod audit;
 pub mod binaries;
 pub mod charts;
 /// Installing the CRDs into a test cluster.

@@ -125,8 +125,24 @@ async fn the_hub_runs_its_core_scenarios_with_exactly_the_charts_rbac() {
     )
     .await;
 
-    // The hub ran all of it with the chart's rights: no refusal in its log.
+    // The hub ran all of it with the chart's rights.
     hub.assert_running();
+    // Counted where refusals happen: the hub apiserver's audit log holds requests of the
+    // chart's ServiceAccount and no 401/403 answer to it.
+    let service_account = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap();
+    env.audit(HUB).assert_never_refused(
+        &tender_e2e::audit::service_account_user(
+            &deployment.metadata.namespace.clone().unwrap(),
+            &service_account,
+        ),
+        "tender-hub with the chart's RBAC",
+    );
+    // No refusal in its log either.
     let refused = hub.refusals();
     assert!(
         refused.is_empty(),

@@ -1,16 +1,4 @@
-//! A small in-process TCP proxy that a test can cut and restore, to take an apiserver away from
-//! one component (an agent's hub connection, one hub replica) while everything else keeps it.
-//!
-//! The proxy forwards raw TCP, so TLS is end to end: a kubeconfig pointed at the proxy still
-//! validates the apiserver's certificate (its serving certificate has IP SAN 127.0.0.1).
-//! [`TcpProxy::cut`] closes every open connection at once and refuses new ones (the listener
-//! keeps its port, so a restore can never lose it to another process: a connection arriving
-//! while cut is accepted and reset at once, which a client sees as a refused connection).
-//!
-//! A TCP proxy in front of TLS cannot tell one request from another. [`WriteGate`] can: it is an
-//! HTTP/1.1 proxy (plain HTTP on loopback towards the component, TLS with its own admin client
-//! towards the apiserver) that holds write requests once armed, so a test can stop a component
-//! in the middle of a write it has provably sent.
+//! [`WriteGate`]: an HTTP proxy in front of one apiserver that can hold write requests.
 
 use std::io;
 use std::net::SocketAddr;
@@ -22,219 +10,17 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// Connection counters of a [`TcpProxy`].
-#[derive(Debug, Default)]
-struct Counters {
-    forwarded: AtomicU64,
-    refused: AtomicU64,
-    cut: AtomicU64,
+/// Which write requests an armed gate holds: `(method, path)` (the path without its query).
+pub type HoldPredicate = Arc<dyn Fn(&http::Method, &str) -> bool + Send + Sync>;
+
+/// A write request the gate forwarded: when (wall clock, comparable with the apiserver's
+/// timestamps on one machine) and `METHOD path`.
+#[derive(Clone, Debug)]
+pub struct ForwardedWrite {
+    pub at: std::time::SystemTime,
+    pub method: http::Method,
+    pub path: String,
 }
-
-/// A TCP proxy on `127.0.0.1:<port>` forwarding to one upstream address.
-///
-/// Dropping it stops the listener and closes every connection.
-#[derive(Debug)]
-pub struct TcpProxy {
-    addr: SocketAddr,
-    open: watch::Sender<bool>,
-    counters: Arc<Counters>,
-    accept: JoinHandle<()>,
-}
-
-impl TcpProxy {
-    /// Starts a proxy on a free loopback port forwarding to `upstream`, open.
-    pub async fn start(upstream: SocketAddr) -> io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let (open, _) = watch::channel(true);
-        let counters = Arc::new(Counters::default());
-        let accept = tokio::spawn(accept_loop(
-            listener,
-            upstream,
-            open.clone(),
-            counters.clone(),
-        ));
-        Ok(Self {
-            addr,
-            open,
-            counters,
-            accept,
-        })
-    }
-
-    /// Starts a proxy for the `https://host:port` address of an apiserver.
-    pub async fn for_server(server: &str) -> io::Result<Self> {
-        let hostport = server
-            .strip_prefix("https://")
-            .unwrap_or(server)
-            .trim_end_matches('/');
-        let upstream: SocketAddr = hostport.parse().map_err(|e| {
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{server} is not https://ip:port: {e}"),
-            )
-        })?;
-        Self::start(upstream).await
-    }
-
-    /// The proxy's own address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// `https://127.0.0.1:<port>` of the proxy, to put into a kubeconfig.
-    pub fn server(&self) -> String {
-        format!("https://{}", self.addr)
-    }
-
-    /// Rewrites the `server:` of a kubeconfig that points at `upstream_server` to the proxy.
-    pub fn rewrite_kubeconfig(&self, kubeconfig: &str, upstream_server: &str) -> String {
-        assert!(
-            kubeconfig.contains(&format!("server: {upstream_server}")),
-            "kubeconfig does not point at {upstream_server}"
-        );
-        kubeconfig.replace(
-            &format!("server: {upstream_server}"),
-            &format!("server: {}", self.server()),
-        )
-    }
-
-    /// Closes every open connection now and refuses new ones until [`TcpProxy::restore`].
-    pub fn cut(&self) {
-        self.open.send_replace(false);
-    }
-
-    /// Accepts and forwards connections again.
-    pub fn restore(&self) {
-        self.open.send_replace(true);
-    }
-
-    /// Whether the proxy forwards right now.
-    pub fn is_open(&self) -> bool {
-        *self.open.borrow()
-    }
-
-    /// Connections forwarded so far.
-    pub fn forwarded(&self) -> u64 {
-        self.counters.forwarded.load(Ordering::Relaxed)
-    }
-
-    /// Connections refused (attempted while cut) so far.
-    pub fn refused(&self) -> u64 {
-        self.counters.refused.load(Ordering::Relaxed)
-    }
-
-    /// Open connections closed by [`TcpProxy::cut`] so far.
-    pub fn cut_connections(&self) -> u64 {
-        self.counters.cut.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        // Wakes every connection task, which closes its sockets.
-        self.open.send_replace(false);
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    upstream: SocketAddr,
-    open: watch::Sender<bool>,
-    counters: Arc<Counters>,
-) {
-    loop {
-        let Ok((client, _)) = listener.accept().await else {
-            continue;
-        };
-        if !*open.borrow() {
-            counters.refused.fetch_add(1, Ordering::Relaxed);
-            // RST instead of FIN: the client sees a reset, like a refused connection.
-            reset_on_close(&client);
-            drop(client);
-            continue;
-        }
-        counters.forwarded.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(forward(
-            client,
-            upstream,
-            open.subscribe(),
-            counters.clone(),
-        ));
-    }
-}
-
-async fn forward(
-    mut client: TcpStream,
-    upstream: SocketAddr,
-    mut open: watch::Receiver<bool>,
-    counters: Arc<Counters>,
-) {
-    let _ = client.set_nodelay(true);
-    let Ok(mut server) = TcpStream::connect(upstream).await else {
-        return;
-    };
-    let _ = server.set_nodelay(true);
-    let cut = tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => false,
-        _ = open.wait_for(|open| !*open) => true,
-    };
-    if cut {
-        counters.cut.fetch_add(1, Ordering::Relaxed);
-        reset_on_close(&client);
-        reset_on_close(&server);
-    }
-}
-
-/// `SO_LINGER` with a zero timeout: closing the socket sends RST at once (never blocks).
-#[allow(unsafe_code)] // libc calls, each with a SAFETY comment
-fn reset_on_close(stream: &TcpStream) {
-    use std::os::fd::AsRawFd;
-    let linger = libc::linger {
-        l_onoff: 1,
-        l_linger: 0,
-    };
-    // SAFETY: a valid open socket fd and a correctly sized `linger` value.
-    unsafe {
-        libc::setsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_LINGER,
-            (&raw const linger).cast(),
-            std::mem::size_of::<libc::linger>() as libc::socklen_t,
-        );
-    }
-}
-
-/// Status code of one `GET path` on a fresh connection to `addr` (probes of an
-/// in-process component's `/healthz`, `/readyz`).
-pub async fn http_status(addr: SocketAddr, path: &str) -> io::Result<u16> {
-    Ok(http_get(addr, path).await?.0)
-}
-
-/// `GET path` on `addr` (plain HTTP/1.0, e.g. a process's `/metrics`): status and body.
-pub async fn http_get(addr: SocketAddr, path: &str) -> io::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    let response = String::from_utf8_lossy(&response);
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| io::Error::other(format!("no status line in {response:?}")))?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_string())
-        .unwrap_or_default();
-    Ok((status, body))
-}
-
-// ---------------------------------------------------------------------------------------------
-// WriteGate: an HTTP proxy that can hold write requests.
 
 /// What a held write request is waiting for.
 #[derive(Clone, Copy, Debug, Default)]
@@ -250,8 +36,12 @@ struct GateState {
     mode: watch::Sender<GateMode>,
     /// Writes still let through after [`WriteGate::hold_writes_after`] armed the gate.
     allowance: AtomicU64,
+    /// Which writes an armed gate holds (all of them when `None`).
+    hold_only: std::sync::Mutex<Option<HoldPredicate>>,
     /// `METHOD path` of each write request being held right now.
     holding: std::sync::Mutex<Vec<String>>,
+    /// Every write request forwarded, in order.
+    forwarded: std::sync::Mutex<Vec<ForwardedWrite>>,
     held_total: AtomicU64,
     discarded: AtomicU64,
     forwarded_writes: AtomicU64,
@@ -268,7 +58,8 @@ struct GateState {
 ///
 /// Open, it forwards everything. Armed ([`WriteGate::hold_writes_after`]), it lets a given
 /// number of write requests (POST, PUT, PATCH, DELETE) through and then holds every further
-/// one: the request is read completely and not forwarded, and its client waits for the
+/// one; armed with [`WriteGate::hold_only`], it holds the writes a predicate names (a Lease's
+/// renewals) and forwards every other request: the request is read completely and not forwarded, and its client waits for the
 /// response. Reads and watches pass all the while. [`WriteGate::release`] forwards what is
 /// held; [`WriteGate::discard_held`] closes the held requests' connections without forwarding
 /// them, as if the network had eaten them.
@@ -290,7 +81,9 @@ impl WriteGate {
             upstream,
             mode: watch::channel(GateMode::default()).0,
             allowance: AtomicU64::new(0),
+            hold_only: std::sync::Mutex::new(None),
             holding: std::sync::Mutex::new(Vec::new()),
+            forwarded: std::sync::Mutex::new(Vec::new()),
             held_total: AtomicU64::new(0),
             discarded: AtomicU64::new(0),
             forwarded_writes: AtomicU64::new(0),
@@ -325,6 +118,26 @@ impl WriteGate {
 
     /// Arms the gate: the next `allowance` write requests pass, every one after them is held.
     pub fn hold_writes_after(&self, allowance: u64) {
+        *self.state.hold_only.lock().unwrap() = None;
+        self.state.allowance.store(allowance, Ordering::SeqCst);
+        self.state.mode.send_modify(|m| m.hold = true);
+    }
+
+    /// Arms the gate for some writes only: every write request for which `hold` answers true
+    /// (given its method and path) is held; every other request flows.
+    pub fn hold_only(&self, hold: impl Fn(&http::Method, &str) -> bool + Send + Sync + 'static) {
+        self.hold_matching_after(0, hold);
+    }
+
+    /// Like [`WriteGate::hold_writes_after`] for the writes `hold` names only: the next
+    /// `allowance` of them pass, every one after them is held; writes it does not name (a
+    /// Lease's renewals) flow and use no allowance.
+    pub fn hold_matching_after(
+        &self,
+        allowance: u64,
+        hold: impl Fn(&http::Method, &str) -> bool + Send + Sync + 'static,
+    ) {
+        *self.state.hold_only.lock().unwrap() = Some(Arc::new(hold));
         self.state.allowance.store(allowance, Ordering::SeqCst);
         self.state.mode.send_modify(|m| m.hold = true);
     }
@@ -360,6 +173,11 @@ impl WriteGate {
     /// Write requests forwarded to the apiserver so far.
     pub fn forwarded_writes(&self) -> u64 {
         self.state.forwarded_writes.load(Ordering::SeqCst)
+    }
+
+    /// Every write request forwarded so far, in order, with when it was forwarded.
+    pub fn forwarded_log(&self) -> Vec<ForwardedWrite> {
+        self.state.forwarded.lock().unwrap().clone()
     }
 
     /// Read requests (watches included) forwarded to the apiserver so far.
@@ -414,6 +232,11 @@ impl HttpRequest {
     fn is_write(&self) -> bool {
         use http::Method;
         [Method::POST, Method::PUT, Method::PATCH, Method::DELETE].contains(&self.method)
+    }
+
+    /// The target without its query.
+    fn path(&self) -> &str {
+        self.target.split('?').next().unwrap_or_default()
     }
 
     fn is_watch(&self) -> bool {
@@ -559,6 +382,11 @@ async fn serve_gated(client: TcpStream, state: &GateState) -> io::Result<()> {
                 return Ok(());
             }
             state.forwarded_writes.fetch_add(1, Ordering::SeqCst);
+            state.forwarded.lock().unwrap().push(ForwardedWrite {
+                at: std::time::SystemTime::now(),
+                method: request.method.clone(),
+                path: request.path().to_string(),
+            });
         } else {
             state.forwarded_reads.fetch_add(1, Ordering::SeqCst);
         }
@@ -601,7 +429,14 @@ async fn serve_gated(client: TcpStream, state: &GateState) -> io::Result<()> {
 async fn admit_write(state: &GateState, request: &HttpRequest) -> bool {
     let mut mode = state.mode.subscribe();
     let at_arrival = *mode.borrow_and_update();
+    let spared = state
+        .hold_only
+        .lock()
+        .unwrap()
+        .as_ref()
+        .is_some_and(|hold| !hold(&request.method, request.path()));
     if !at_arrival.hold
+        || spared
         || state
             .allowance
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |a| a.checked_sub(1))
@@ -609,11 +444,7 @@ async fn admit_write(state: &GateState, request: &HttpRequest) -> bool {
     {
         return true;
     }
-    let what = format!(
-        "{} {}",
-        request.method,
-        request.target.split('?').next().unwrap_or_default()
-    );
+    let what = format!("{} {}", request.method, request.path());
     state.holding.lock().unwrap().push(what.clone());
     state.held_total.fetch_add(1, Ordering::SeqCst);
     let seen = at_arrival.discards;
@@ -686,4 +517,62 @@ where
     }
     w.write_all(b"0\r\n\r\n").await?;
     w.flush().await
+}
+
+/// A chart's ServiceAccount reaching its apiserver through a [`WriteGate`]: the gate sends with
+/// a token of that ServiceAccount (so RBAC and the audit log see the chart's identity), and
+/// [`GatedIdentity::kubeconfig`] is the file a process started with `--kubeconfig` reads.
+pub struct GatedIdentity {
+    pub gate: WriteGate,
+    /// The kubeconfig file pointing at the gate.
+    pub kubeconfig: std::path::PathBuf,
+    /// `system:serviceaccount:<namespace>:<name>`.
+    pub user: String,
+}
+
+impl GatedIdentity {
+    /// A gate (open) for the ServiceAccount of `deployment` (stored on `cluster`).
+    ///
+    /// # Panics
+    /// When the Deployment names no ServiceAccount or no token can be had for it.
+    pub async fn of_deployment(
+        env: &crate::TestEnv,
+        cluster: &str,
+        deployment: &k8s_openapi::api::apps::v1::Deployment,
+    ) -> Self {
+        use kube::ResourceExt;
+        let namespace = deployment.namespace().expect("a namespaced Deployment");
+        let service_account = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|s| s.service_account_name.clone())
+            .expect("the Deployment names its ServiceAccount");
+        let server = env.cluster(cluster).server.clone();
+        let client = env.client(cluster).await.unwrap();
+        let identity = crate::local_pod::service_account_kubeconfig(
+            &client,
+            &server,
+            env.ca_pem(),
+            &namespace,
+            &service_account,
+        )
+        .await
+        .unwrap();
+        let gate = WriteGate::start(crate::client_from_yaml(&identity).await.unwrap())
+            .await
+            .unwrap();
+        let kubeconfig = env.state_dir().join(crate::unique_name("gated-kubeconfig"));
+        std::fs::write(&kubeconfig, gate.rewrite_kubeconfig(&identity, &server)).unwrap();
+        Self {
+            gate,
+            kubeconfig,
+            user: crate::audit::service_account_user(&namespace, &service_account),
+        }
+    }
+
+    /// `--kubeconfig=<the gated file>`, for [`crate::running::Running::start`]'s flags.
+    pub fn flag(&self) -> (&'static str, String) {
+        ("--kubeconfig", self.kubeconfig.display().to_string())
+    }
 }
