@@ -11,35 +11,48 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::Action;
 use tender_types::labels;
-use tender_types::{BundleDeployment, ObjectRef};
+use tender_types::{BundleDeployment, ObjectRef, ObjectState, ObjectStatus};
 
 use tender_runtime::Executor;
 
 use crate::context::Context;
+use crate::execute::Run;
+use crate::hooks::HookEvent;
 use crate::inventory::Recorded;
 use crate::plan::{self, Owner, cluster_selector};
+use crate::status::Outcome;
 use crate::status::describe;
 use crate::{Error, Result};
+use crate::{observe, report};
 
-/// Finalizer cleanup of a BundleDeployment being deleted: delete its objects (or strip them
-/// with keepResources), then its inventory. An error keeps the finalizer (retried).
+/// Finalizer cleanup of a BundleDeployment being deleted: its chart's `pre-delete` hooks,
+/// then its objects deleted (or stripped with keepResources or `helm.sh/resource-policy:
+/// keep`), then the `post-delete` hooks, then its inventory (decision 0088). A hook still
+/// running or failed, or an error, keeps the finalizer (retried); nothing is removed before
+/// every `pre-delete` hook succeeded.
 pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
     let owner = Owner::new(&ctx.config.cluster_namespace, &bd.name_any());
     // Without an inventory (never deployed by this agent version) fall back to the status.
-    let Recorded { uid, objects } = match ctx.read_inventory(&owner).await? {
+    let recorded = match ctx.read_inventory(&owner).await? {
         Some(recorded) => recorded,
         None => Recorded {
-            uid: None,
             objects: bd
                 .status
                 .iter()
                 .flat_map(|s| s.resources.iter().map(crate::status::object_ref))
                 .collect(),
+            ..Default::default()
         },
     };
     let writer = ctx
         .identities
         .cleanup_writer(bd.spec.options.service_account.as_deref());
+    let mut objects = recorded.objects.clone();
+    if let Some(wait) =
+        removal_hooks(ctx, bd, &owner, &writer, HookEvent::PreDelete, &mut objects).await?
+    {
+        return Ok(wait);
+    }
     remove_objects(
         ctx,
         &writer,
@@ -48,9 +61,132 @@ pub(crate) async fn finalize(bd: &BundleDeployment, ctx: &Context) -> Result<Act
         bd.spec.options.keep_resources,
     )
     .await?;
-    ctx.inventory.delete(&owner, uid).await?;
+    let mut after = Vec::new();
+    if let Some(wait) =
+        removal_hooks(ctx, bd, &owner, &writer, HookEvent::PostDelete, &mut after).await?
+    {
+        return Ok(wait);
+    }
+    // The post-delete hooks are done: their objects go with the rest (nothing is left behind).
+    remove_objects(ctx, &writer, &owner, &after, false).await?;
+    ctx.inventory.delete(&owner, recorded.uid).await?;
     tracing::info!(bundle_deployment = %owner.annotation(), objects = objects.len(), keep = bd.spec.options.keep_resources, "cleaned up downstream");
     Ok(Action::await_change())
+}
+
+/// Runs the removal hooks of `event`, recording their objects in the inventory first (added to
+/// `objects`). `Some(action)`: not done (running, failed, or the chart not rendered — then the
+/// status says so and the removal waits); `None`: every hook succeeded.
+async fn removal_hooks(
+    ctx: &Context,
+    bd: &BundleDeployment,
+    owner: &Owner,
+    writer: &tender_runtime::Executor,
+    event: HookEvent,
+    objects: &mut Vec<ObjectRef>,
+) -> Result<Option<Action>> {
+    if bd.spec.helm.is_none() {
+        return Ok(None);
+    }
+    let entries = match observe::removal_hooks(ctx, bd, owner, event).await {
+        Ok(entries) => entries,
+        Err(why) => {
+            // The chart cannot be rendered: its hooks are unknown. The removal goes on without
+            // them (an unreachable repository must not keep a deleted Bundle forever); said.
+            tracing::warn!(bundle_deployment = %owner.annotation(), event = event.as_str(), reason = %why, "removal hooks not run: chart not rendered");
+            return Ok(None);
+        }
+    };
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    let keys: Vec<ObjectRef> = entries.iter().map(plan::Entry::key).collect();
+    let before = ctx.read_inventory(owner).await?;
+    let record = plan::union(
+        before
+            .as_ref()
+            .map(|r| r.objects.as_slice())
+            .unwrap_or_default(),
+        &keys,
+    );
+    ctx.inventory
+        .write(
+            owner,
+            before.as_ref(),
+            &record,
+            before
+                .as_ref()
+                .and_then(|r| r.chart_installed_by.as_deref()),
+        )
+        .await?;
+    for k in keys {
+        if !objects.contains(&k) {
+            objects.insert(0, k);
+        }
+    }
+    let run = Run {
+        ctx,
+        writer,
+        owner,
+        mode: plan::Mode {
+            pending: true,
+            correct_drift: false,
+            take_ownership: false,
+        },
+        chart_mode: plan::Mode {
+            pending: true,
+            correct_drift: false,
+            take_ownership: false,
+        },
+        run: &bd.spec.deployment_id,
+        hook_timeout: bd
+            .spec
+            .helm
+            .as_ref()
+            .and_then(|h| h.timeout_seconds)
+            .map(|s| std::time::Duration::from_secs(u64::from(s)))
+            .unwrap_or(std::time::Duration::from_secs(300)),
+        failed_hooks: &[],
+    };
+    let phase = plan::PlannedPhase {
+        phase: plan::Phase::Hooks(event),
+        entries,
+    };
+    let hooks = plan::DeployPlan {
+        record: Vec::new(),
+        desired: Vec::new(),
+        namespaces: Vec::new(),
+        phases: vec![phase],
+        prune: Vec::new(),
+    };
+    let executed = run.execute(&hooks).await;
+    let statuses: Vec<ObjectStatus> = executed.phases.into_iter().flat_map(|(_, s)| s).collect();
+    if statuses
+        .iter()
+        .all(|s| s.state == ObjectState::Ready || crate::policy::is_refused(s))
+    {
+        return Ok(None);
+    }
+    let failed = statuses.iter().any(|s| s.state == ObjectState::Error);
+    let outcome = Outcome {
+        deployment_id: bd.spec.deployment_id.clone(),
+        generation: bd.metadata.generation,
+        applied_id: bd
+            .status
+            .as_ref()
+            .and_then(|s| s.applied_deployment_id.clone()),
+        manifests: statuses
+            .into_iter()
+            .filter(|s| s.state != ObjectState::Ready)
+            .collect(),
+        ..Default::default()
+    };
+    report::report(ctx, bd, &outcome).await?;
+    Ok(Some(if failed {
+        Action::requeue(std::time::Duration::from_secs(30))
+    } else {
+        Action::requeue(std::time::Duration::from_secs(5))
+    }))
 }
 
 /// Deletes (or, with `keep` or the object's own keep-resources marker, strips tender's
@@ -146,13 +282,19 @@ pub(crate) async fn sweep(ctx: &Context, existing: &BTreeSet<String>) -> Result<
             None => objects.push((
                 owner,
                 Recorded {
-                    uid: None,
                     objects: vec![key],
+                    ..Default::default()
                 },
             )),
         }
     }
-    for (owner, Recorded { uid, objects: list }) in objects {
+    for (
+        owner,
+        Recorded {
+            uid, objects: list, ..
+        },
+    ) in objects
+    {
         if owner.cluster_namespace != *ns || existing.contains(&owner.name) {
             continue;
         }

@@ -6,10 +6,10 @@ use std::sync::Mutex;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::discovery::{self, Scope};
-use tender_runtime::ObjectKey;
+use tender_runtime::reconcile::error_text;
+use tender_runtime::{ObjectKey, ReconcileError};
 use tender_types::ObjectRef;
 
-use crate::sync::message;
 use crate::{Error, Result};
 
 /// The downstream client plus a cache of discovered resources.
@@ -111,6 +111,23 @@ pub(crate) fn unresolved(api_version: &str, kind: &str, error: &Error) -> String
         )
     } else {
         message(error)
+    }
+}
+
+/// An error as a status message: the apiserver's reason and message (never its message about
+/// a Secret, which [`ReconcileError`] already dropped), not the client's debug dump.
+pub(crate) fn message(error: &ReconcileError) -> String {
+    match error {
+        // An RBAC refusal names its code too: it is the Bundle ServiceAccount's (or the
+        // agent's) rights that stopped the write, which the owner changes, not the author.
+        ReconcileError::Kube {
+            action,
+            source: kube::Error::Api(s),
+        } if s.code == 403 => format!("cannot {action}: {} ({}): {}", s.reason, s.code, s.message),
+        ReconcileError::Kube { action, source } => {
+            format!("cannot {action}: {}", error_text(source, false))
+        }
+        other => other.to_string(),
     }
 }
 

@@ -24,6 +24,9 @@ use crate::plan::{Owner, cluster_selector, ownership_labels};
 use crate::{Error, Result};
 
 const OBJECTS_KEY: &str = "objects";
+/// The deploymentID that first installed the deployment's Helm chart: later deployments of it
+/// are upgrades (`--is-upgrade`, the upgrade hooks), this one renders as the install it was.
+const CHART_INSTALLED_BY: &str = "tender.dev/chart-installed-by";
 
 /// Name of the inventory of `owner`: `tender-inventory-<20 hex of sha256(owner annotation)>`,
 /// unique across cluster namespaces sharing one downstream cluster.
@@ -39,9 +42,14 @@ pub(crate) fn body(
     agent_namespace: &str,
     owner: &Owner,
     objects: &[ObjectRef],
+    chart_installed_by: Option<&str>,
 ) -> serde_json::Value {
     let mut labels: BTreeMap<&str, String> = ownership_labels(owner).into_iter().collect();
     labels.insert(labels::INVENTORY, "true".into());
+    let mut annotations = json!({ labels::OWNER_ANNOTATION: owner.annotation() });
+    if let Some(id) = chart_installed_by {
+        annotations[CHART_INSTALLED_BY] = json!(id);
+    }
     json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -49,7 +57,7 @@ pub(crate) fn body(
             "name": name(owner),
             "namespace": agent_namespace,
             "labels": labels,
-            "annotations": { labels::OWNER_ANNOTATION: owner.annotation() },
+            "annotations": annotations,
         },
         "data": { OBJECTS_KEY: serde_json::to_string(objects).expect("refs serialize") },
     })
@@ -88,6 +96,16 @@ pub(crate) struct Recorded {
     pub(crate) uid: Option<String>,
     /// The objects a deployment may have created.
     pub(crate) objects: Vec<ObjectRef>,
+    /// The deploymentID that first installed its chart, if any.
+    pub(crate) chart_installed_by: Option<String>,
+}
+
+fn installed_by(cm: &ConfigMap) -> Option<String> {
+    cm.metadata
+        .annotations
+        .as_ref()?
+        .get(CHART_INSTALLED_BY)
+        .cloned()
 }
 
 /// The inventories of one agent namespace: read through the client, or from the cache of
@@ -176,16 +194,19 @@ impl Inventory {
             (o == *owner).then(|| Recorded {
                 uid: cm.metadata.uid.clone(),
                 objects,
+                chart_installed_by: installed_by(cm),
             })
         }))
     }
 
-    /// Records `objects` for `owner`, unless `current` already says the same.
+    /// Records `objects` (and who installed the chart) for `owner`, unless `current` already
+    /// says the same.
     pub(crate) async fn write(
         &self,
         owner: &Owner,
-        current: Option<&[ObjectRef]>,
+        current: Option<&Recorded>,
         objects: &[ObjectRef],
+        chart_installed_by: Option<&str>,
     ) -> Result<()> {
         if let Some(op) = write_op(
             self.key(owner),
@@ -193,6 +214,7 @@ impl Inventory {
             owner,
             current,
             objects,
+            chart_installed_by,
         ) {
             // Until the write is answered nothing is known of the version it makes.
             self.see(name(owner), None);
@@ -231,7 +253,15 @@ impl Inventory {
             .filter_map(|cm| {
                 let (owner, objects) = parse(cm)?;
                 let uid = cm.metadata.uid.clone();
-                Some((owner, Recorded { uid, objects }))
+                let chart_installed_by = installed_by(cm);
+                Some((
+                    owner,
+                    Recorded {
+                        uid,
+                        objects,
+                        chart_installed_by,
+                    },
+                ))
             })
             .filter(|(o, _)| o.cluster_namespace == cluster_namespace)
             .collect())
@@ -243,13 +273,17 @@ fn write_op(
     key: ObjectKey,
     agent_namespace: &str,
     owner: &Owner,
-    current: Option<&[ObjectRef]>,
+    current: Option<&Recorded>,
     objects: &[ObjectRef],
+    chart_installed_by: Option<&str>,
 ) -> Option<Op> {
-    (current != Some(objects)).then(|| {
+    let same = current.is_some_and(|c| {
+        c.objects == objects && c.chart_installed_by.as_deref() == chart_installed_by
+    });
+    (!same).then(|| {
         Op::Apply(Apply {
             key,
-            body: body(agent_namespace, owner, objects),
+            body: body(agent_namespace, owner, objects, chart_installed_by),
             replace_if_immutable: false,
             fingerprint: None,
         })
@@ -278,7 +312,7 @@ mod tests {
             key("apps/v1", "Deployment", Some("apps"), "web"),
         ];
         let cm: ConfigMap =
-            serde_json::from_value(body("tender-system", &owner, &objects)).unwrap();
+            serde_json::from_value(body("tender-system", &owner, &objects, None)).unwrap();
         assert_eq!(parse(&cm), Some((owner.clone(), objects)));
         let l = cm.metadata.labels.unwrap();
         assert_eq!(l[labels::INVENTORY], "true");
@@ -291,13 +325,33 @@ mod tests {
         let owner = Owner::new("cluster-ws-a-11111111", "app");
         let objects = vec![key("v1", "Secret", Some("apps"), "db")];
         let at = ObjectKey::of::<ConfigMap>(Some("tender-system"), &name(&owner));
-        let write = |current| write_op(at.clone(), "tender-system", &owner, current, &objects);
-        assert_eq!(write(Some(&objects)), None);
-        let Some(Op::Apply(apply)) = write(None) else {
+        let write = |current: Option<&Recorded>, installed: Option<&str>| {
+            write_op(
+                at.clone(),
+                "tender-system",
+                &owner,
+                current,
+                &objects,
+                installed,
+            )
+        };
+        let recorded = |objects: Vec<ObjectRef>, installed: Option<&str>| Recorded {
+            uid: None,
+            objects,
+            chart_installed_by: installed.map(str::to_string),
+        };
+        assert_eq!(write(Some(&recorded(objects.clone(), None)), None), None);
+        let Some(Op::Apply(apply)) = write(None, None) else {
             panic!("a new inventory is applied");
         };
-        assert_eq!(apply.body, body("tender-system", &owner, &objects));
-        assert!(write(Some(&[])).is_some());
+        assert_eq!(apply.body, body("tender-system", &owner, &objects, None));
+        assert!(write(Some(&recorded(vec![], None)), None).is_some());
+        // Who installed the chart is part of the record.
+        assert!(write(Some(&recorded(objects.clone(), None)), Some("d1")).is_some());
+        assert_eq!(
+            write(Some(&recorded(objects.clone(), Some("d1"))), Some("d1")),
+            None
+        );
     }
 
     #[test]
@@ -306,7 +360,7 @@ mod tests {
         let objects = vec![key("v1", "Secret", Some("apps"), "db")];
         let at = |rv: &str| {
             let mut o: DynamicObject =
-                serde_json::from_value(body("tender-system", &owner, &objects)).unwrap();
+                serde_json::from_value(body("tender-system", &owner, &objects, None)).unwrap();
             o.metadata.resource_version = Some(rv.into());
             o
         };

@@ -91,7 +91,7 @@ fn short(id: &str) -> &str {
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
 /// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered or
 /// whose values the owner's policy does not let it read.
-const SPECIFIC_ERRORS: [&str; 15] = [
+const SPECIFIC_ERRORS: [&str; 16] = [
     reason::SERVICE_ACCOUNT_NOT_ALLOWED,
     reason::KIND_NOT_INSTALLED,
     reason::NAMESPACE_TERMINATING,
@@ -100,6 +100,7 @@ const SPECIFIC_ERRORS: [&str; 15] = [
     reason::CHART_VERSION_NOT_FOUND,
     reason::CHART_DIGEST_MISMATCH,
     reason::CHART_RENDER_FAILED,
+    reason::HOOK_FAILED,
     reason::CHART_TOO_LARGE,
     reason::RENDERED_TOO_LARGE,
     reason::CHART_REDIRECT_REFUSED,

@@ -6,13 +6,13 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef as KubeRef;
 use serde_json::Value;
 use tender_runtime::reconcile::{error_text, is_not_found};
-use tender_runtime::{Executor, ObjectKey, Op, ReconcileError};
+use tender_runtime::{Executor, ObjectKey, Op};
 use tender_types::{ObjectRef, ObjectState, ObjectStatus};
 
 use tender_types::conditions::reason;
 
 use crate::context::Context;
-use crate::downstream;
+use crate::downstream::{self, message};
 use crate::plan::{self, Desired, Mode, ObjectPlan, Owner};
 use crate::status::{self, describe};
 
@@ -181,22 +181,5 @@ pub(crate) async fn ensure_namespace(
             "cannot read namespace {ns}: {}",
             error_text(&e, false)
         )),
-    }
-}
-
-/// An error as a status message: the apiserver's reason and message (never its message about
-/// a Secret, which [`ReconcileError`] already dropped), not the client's debug dump.
-pub(crate) fn message(error: &ReconcileError) -> String {
-    match error {
-        // An RBAC refusal names its code too: it is the Bundle ServiceAccount's (or the
-        // agent's) rights that stopped the write, which the owner changes, not the author.
-        ReconcileError::Kube {
-            action,
-            source: kube::Error::Api(s),
-        } if s.code == 403 => format!("cannot {action}: {} ({}): {}", s.reason, s.code, s.message),
-        ReconcileError::Kube { action, source } => {
-            format!("cannot {action}: {}", error_text(source, false))
-        }
-        other => other.to_string(),
     }
 }

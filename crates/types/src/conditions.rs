@@ -67,6 +67,9 @@ pub mod reason {
     pub const CHART_DIGEST_MISMATCH: &str = "ChartDigestMismatch";
     /// `helm template` failed (its message, never the values).
     pub const CHART_RENDER_FAILED: &str = "ChartRenderFailed";
+    /// A Helm hook (a Job or Pod) failed, did not complete within the chart's timeout, or its
+    /// name is taken by an object that is not tender's: the rollout stops there.
+    pub const HOOK_FAILED: &str = "HookFailed";
     /// A chart archive, repository index, OCI tag list or manifest is larger than the agent's
     /// limit (`--max-chart-bytes`, `--max-index-bytes`, `--max-manifest-bytes`).
     pub const CHART_TOO_LARGE: &str = "ChartTooLarge";

@@ -34,10 +34,11 @@ use kube::api::Api;
 use serde_json::json;
 use tender_types::conditions::reason;
 use tender_types::hash::value_hash;
-use tender_types::{HelmOptions, Manifest, ObjectRef};
+use tender_types::{HelmOptions, ObjectRef};
 
 use crate::config::ChartLimits;
 use crate::downstream::Downstream;
+use crate::hooks::RenderedChart;
 use crate::plan::{self, Planned};
 use crate::policy::Reads;
 
@@ -89,7 +90,7 @@ pub(crate) struct Charts {
     http: fetch::Http,
     limits: ChartLimits,
     schemas_checked: Mutex<HashSet<PathBuf>>,
-    renders: Mutex<HashMap<String, (String, Vec<Manifest>)>>,
+    renders: Mutex<HashMap<String, (String, RenderedChart)>>,
 }
 
 impl Charts {
@@ -135,15 +136,18 @@ impl Charts {
     /// `copies` are this deployment's planned copies: a `valuesFrom` or `helmSecretName` that
     /// names one reads the copy about to be applied, anything else is read downstream — only
     /// what `reads` allows (decision 77).
+    // The release (namespace, install or upgrade) and where values come from, all needed.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn render(
         &self,
         down: &Downstream,
         bd: &str,
         helm: &HelmOptions,
         namespace: &str,
+        upgrade: bool,
         copies: &[Planned],
         reads: Reads<'_>,
-    ) -> Result<Vec<Manifest>, ChartFailure> {
+    ) -> Result<RenderedChart, ChartFailure> {
         let timeout = helm
             .timeout_seconds
             .map(|s| Duration::from_secs(u64::from(s)))
@@ -164,6 +168,7 @@ impl Charts {
             "values": merged,
             "auth": auth.as_ref().map(|(u, p)| value_hash(&json!([u, p]))),
             "namespace": namespace,
+            "upgrade": upgrade,
         }));
         if let Some((k, objects)) = self.renders.lock().expect("render memo").get(bd)
             && *k == memo_key
@@ -197,6 +202,7 @@ impl Charts {
                 &sandbox,
                 &release,
                 namespace,
+                upgrade,
                 &chart,
                 kube_version.as_deref(),
                 &api_versions,

@@ -6,22 +6,23 @@ use std::path::Path;
 use std::process::Stdio;
 
 use serde_json::{Map, Value};
-use tender_types::Manifest;
 use tender_types::conditions::reason;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use super::ChartFailure;
+use crate::hooks::{self, RenderedChart};
 
 /// Longest helm error message kept in status.
 const MAX_MESSAGE: usize = 1024;
 
-/// Arguments of `helm template`: hooks and tests are not rendered (tender does not run them),
-/// CRDs are, values come from stdin, and the Kubernetes and API versions are the downstream
-/// cluster's.
+/// Arguments of `helm template`: hooks are rendered (tender runs them, decision 0088), tests
+/// are not, CRDs are, `--is-upgrade` once the release was installed, values come from stdin,
+/// and the Kubernetes and API versions are the downstream cluster's.
 pub fn render_args(
     release: &str,
     namespace: &str,
+    upgrade: bool,
     chart: &Path,
     kube_version: Option<&str>,
     api_versions: &[String],
@@ -32,7 +33,6 @@ pub fn render_args(
         &chart.to_string_lossy(),
         "--namespace",
         namespace,
-        "--no-hooks",
         "--skip-tests",
         "--include-crds",
         "--values",
@@ -41,6 +41,9 @@ pub fn render_args(
     .iter()
     .map(|s| s.to_string())
     .collect();
+    if upgrade {
+        args.push("--is-upgrade".into());
+    }
     if let Some(v) = kube_version {
         args.extend(["--kube-version".into(), v.to_string()]);
     }
@@ -99,12 +102,20 @@ pub(super) async fn template(
     sandbox: &Sandbox<'_>,
     release: &str,
     namespace: &str,
+    upgrade: bool,
     chart: &Path,
     kube_version: Option<&str>,
     api_versions: &[String],
     values: &Map<String, Value>,
-) -> Result<Vec<Manifest>, ChartFailure> {
-    let args = render_args(release, namespace, chart, kube_version, api_versions);
+) -> Result<RenderedChart, ChartFailure> {
+    let args = render_args(
+        release,
+        namespace,
+        upgrade,
+        chart,
+        kube_version,
+        api_versions,
+    );
     let mut child = Command::new(helm)
         .args(&args)
         .envs(helm_env(sandbox.home))
@@ -212,33 +223,49 @@ async fn read_bounded(
     Ok((read as u64 <= limit).then_some(buf))
 }
 
-/// The objects of `helm template` output: empty documents dropped, hook objects (annotation
-/// `helm.sh/hook`) skipped, `List`s flattened.
-pub fn parse_rendered(text: &str) -> Result<Vec<Manifest>, String> {
-    let docs = serde_saphyr::from_multiple::<Option<Value>>(text)
-        .map_err(|_| "the chart rendered invalid YAML".to_string())?;
-    let mut out = Vec::new();
-    for doc in docs.into_iter().flatten() {
+/// The objects of `helm template` output, split into CRDs from `crds/`, ordinary objects and
+/// hooks ([`hooks::split`]): empty documents dropped, `List`s flattened, each document's
+/// `# Source:` path kept for the split.
+pub fn parse_rendered(text: &str) -> Result<RenderedChart, String> {
+    let mut docs = Vec::new();
+    for chunk in documents(text) {
+        let source = chunk
+            .lines()
+            .find_map(|l| l.strip_prefix("# Source: "))
+            .map(|s| s.trim().to_string());
+        let parsed = serde_saphyr::from_str::<Option<Value>>(chunk)
+            .map_err(|_| "the chart rendered invalid YAML".to_string())?;
+        let Some(doc) = parsed else { continue };
         let items = match doc.get("kind").and_then(Value::as_str) {
             Some(k) if k.ends_with("List") && doc.get("items").is_some() => {
                 doc["items"].as_array().cloned().unwrap_or_default()
             }
             _ => vec![doc],
         };
-        for item in items {
-            if !item.is_object() {
-                continue;
-            }
-            if item["metadata"]["annotations"]
-                .get("helm.sh/hook")
-                .is_some()
-            {
-                continue;
-            }
-            out.push(Manifest(item));
-        }
+        docs.extend(
+            items
+                .into_iter()
+                .filter(Value::is_object)
+                .map(|item| (source.clone(), item)),
+        );
     }
-    Ok(out)
+    Ok(hooks::split(docs))
+}
+
+/// The YAML documents of a stream, split at `---` lines (helm prints each under its own).
+fn documents(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim_end() == "---" || line.starts_with("--- ") {
+            out.push(&text[start..offset]);
+            start = offset + line.len();
+        }
+        offset += line.len();
+    }
+    out.push(&text[start..]);
+    out.into_iter().filter(|d| !d.trim().is_empty()).collect()
 }
 
 /// Helm's message with every string of the values (4 characters or more) replaced, trimmed.
@@ -278,18 +305,19 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn args_pin_versions_skip_hooks_and_read_values_from_stdin() {
+    fn args_pin_versions_render_hooks_and_read_values_from_stdin() {
         let args = render_args(
             "web",
             "apps",
+            true,
             Path::new("/c/app-1.0.0.tgz"),
             Some("v1.36.3"),
             &["v1".into(), "apps/v1".into()],
         );
         assert_eq!(
             args.join(" "),
-            "template web /c/app-1.0.0.tgz --namespace apps --no-hooks --skip-tests \
-             --include-crds --values - --kube-version v1.36.3 --api-versions v1 \
+            "template web /c/app-1.0.0.tgz --namespace apps --skip-tests \
+             --include-crds --values - --is-upgrade --kube-version v1.36.3 --api-versions v1 \
              --api-versions apps/v1"
         );
     }
@@ -319,16 +347,18 @@ mod tests {
     }
 
     #[test]
-    fn output_drops_empty_documents_and_hooks() {
+    fn output_drops_empty_documents_and_keeps_hooks_apart() {
         let text = "---\n# Source: app/templates/empty.yaml\n---\n# Source: app/templates/cm.yaml\n\
             apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: a\ndata:\n  k: v\n---\n\
             apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: migrate\n  annotations:\n    \
             helm.sh/hook: pre-install\n---\napiVersion: v1\nkind: ConfigMapList\nitems:\n- \
             apiVersion: v1\n  kind: ConfigMap\n  metadata:\n    name: b\n";
         let got = parse_rendered(text).unwrap();
-        let names: Vec<_> = got.iter().map(|m| m.name().unwrap()).collect();
+        let names: Vec<_> = got.objects.iter().map(|m| m.name().unwrap()).collect();
         assert_eq!(names, ["a", "b"]);
-        assert_eq!(got[0].0["data"], json!({"k": "v"}));
+        assert_eq!(got.objects[0].0["data"], json!({"k": "v"}));
+        assert_eq!(got.hooks.len(), 1);
+        assert_eq!(got.hooks[0].manifest.name(), Some("migrate"));
     }
 
     #[test]

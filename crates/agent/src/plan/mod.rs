@@ -4,10 +4,15 @@
 //! executor, see [`object_plan`]).
 
 mod object;
+mod phases;
 
 pub use object::{
     Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, namespace_op,
     needs_recreate, object_plan, readiness,
+};
+pub use phases::{
+    DeployPlan, Entry, HOOK_RUN, HookProgress, HookStep, Observed, Phase, PlannedPhase, finished,
+    gate, hook_object, hook_progress, in_place, not_started, plan as deployment_plan, run_marker,
 };
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -295,11 +300,13 @@ pub fn manifest(
         }
     }
     body.as_object_mut().expect("object").remove("status");
+    // `helm.sh/resource-policy: keep` is never deleted (Helm's rule): kept like keepResources.
+    let keep = options.keep_resources || crate::hooks::is_kept(&manifest.0);
     Ok(Desired::seal(
         key(api_version, kind, namespace, name),
         body,
         owner,
-        options.keep_resources,
+        keep,
         false,
     ))
 }
