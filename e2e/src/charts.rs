@@ -117,6 +117,17 @@ impl ChartRepo {
             package_app_chart(&helm, &work, &dir, v)?;
         }
         run_helm(&helm, &["repo", "index", path_str(&dir)?])?;
+        Self::serve_dir(root, dir, user, password).await
+    }
+
+    /// Serves `dir` (an indexed chart directory inside `root`), requiring `user`/`password`;
+    /// `root` is removed when the repository is dropped.
+    pub async fn serve_dir(
+        root: PathBuf,
+        dir: PathBuf,
+        user: &str,
+        password: &str,
+    ) -> Result<ChartRepo> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let url = format!("http://{}", listener.local_addr()?);
         let unauthorized = Arc::new(AtomicUsize::new(0));

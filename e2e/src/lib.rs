@@ -56,10 +56,12 @@ pub mod crds;
 pub mod fixture;
 /// Running tender's hub in-process against the test environment (owned by the hub work).
 pub mod hub_harness;
+pub mod kubelet_player;
 pub mod kyverno;
 pub mod local_pod;
 pub mod oci_registry;
 /// Peers for `tender-bench --peers` (Flux, Kyverno): build recipes and CRDs.
 pub mod peers;
 pub mod proxy;
+pub mod real_charts;
 pub mod running;
