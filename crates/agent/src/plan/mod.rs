@@ -101,13 +101,21 @@ impl Desired {
             .entry("metadata")
             .or_insert_with(|| json!({}));
         let meta = meta.as_object_mut().expect("metadata is an object");
+        // A chart may render `labels:` or `annotations:` with no value (null): ownership
+        // must still be written, or tender would take its own object for somebody else's.
         let labels = meta.entry("labels").or_insert_with(|| json!({}));
+        if !labels.is_object() {
+            *labels = json!({});
+        }
         if let Some(labels) = labels.as_object_mut() {
             for (k, v) in ownership_labels(owner) {
                 labels.insert(k.to_string(), Value::String(v));
             }
         }
         let annotations = meta.entry("annotations").or_insert_with(|| json!({}));
+        if !annotations.is_object() {
+            *annotations = json!({});
+        }
         if let Some(annotations) = annotations.as_object_mut() {
             annotations.insert(
                 labels::OWNER_ANNOTATION.to_string(),

@@ -217,3 +217,19 @@ fn db_copy_kept() -> ObjectMeta {
     );
     serde_json::from_value(d.body["metadata"].clone()).unwrap()
 }
+
+#[test]
+fn a_manifest_with_empty_labels_or_annotations_still_gets_ownership() {
+    let m = Manifest(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "labels": null, "annotations": null}
+    }));
+    let d = manifest(&m, true, &opts(Some("apps")), &owner()).unwrap();
+    let meta = &d.body["metadata"];
+    assert_eq!(
+        meta["annotations"][labels::OWNER_ANNOTATION],
+        owner().annotation()
+    );
+    assert_eq!(meta["labels"][labels::MANAGED_BY], "tender");
+    assert_eq!(meta["annotations"][labels::CONTENT_HASH], d.hash.as_str());
+}
