@@ -28,7 +28,7 @@ use crate::{observe, report};
 /// chart's `pre-delete` hooks, then its objects removed, then its `post-delete` hooks.
 /// `Some(action)` while a hook runs or failed (the finalizer stays: nothing is removed before
 /// every `pre-delete` hook succeeded); `None` once [`finalize`] may finish. The hooks' own
-/// objects are this removal's record of them and go last, with the inventory.
+/// objects (this removal's record of them) and the copies go last, with the inventory.
 pub(crate) async fn before_finalize(
     bd: &BundleDeployment,
     ctx: &Context,
@@ -46,11 +46,24 @@ pub(crate) async fn before_finalize(
     {
         return Ok(Some(wait));
     }
+    // The copies go last (in `finalize`): the chart's values and repository credentials are
+    // read from them, and the post-delete hooks render from the same chart.
+    let copies = &bd.spec.options.downstream_resources;
+    let is_copy = |k: &ObjectRef| {
+        copies
+            .iter()
+            .any(|e| e.kind == k.kind && e.name == k.name && e.api_version() == k.api_version)
+    };
+    // Nor are the post-delete hooks' objects removed here: after a first pass they are
+    // recorded too, and removing them would start them again (the render is remembered).
+    if let Ok(post) = observe::removal_hooks(ctx, bd, &owner, HookEvent::PostDelete).await {
+        hooks.extend(post.iter().map(plan::Entry::key));
+    }
     let recorded = ctx.read_inventory(&owner).await?.unwrap_or_default();
     let objects: Vec<ObjectRef> = recorded
         .objects
         .into_iter()
-        .filter(|k| !hooks.contains(k))
+        .filter(|k| !hooks.contains(k) && !is_copy(k))
         .collect();
     remove_objects(
         ctx,
