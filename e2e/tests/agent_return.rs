@@ -9,7 +9,7 @@
 //!   nothing and says why (`HubAccessLost` in its log, `tender_agent_hub_access_lost 1`); an
 //!   agent whose identity still authenticates (here: an in-process agent with an admin hub
 //!   kubeconfig, as push mode's in-hub agent has the hub's own client) deletes nothing either
-//!   (decision 81);
+//!   (decision 0081-an-agent-sweeps-only-for-a-live-cluster);
 //! - it is SIGKILLed in the middle of applying 200 objects: restarted, it converges to exactly
 //!   the desired set, its inventory covers everything it wrote, and removing the Bundle
 //!   afterwards leaves nothing behind.

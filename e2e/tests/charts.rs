@@ -151,7 +151,7 @@ async fn hub_chart_objects_are_accepted_by_the_hub_apiserver() {
         .unwrap();
     let env_vars = deployment.data["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
     assert!(env_vars.contains("EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM"));
-    // `shards`: one more Deployment per shard id (decision 62).
+    // `shards`: one more Deployment per shard id (decision 0062-hub-shards).
     let deployments: Vec<_> = objects
         .iter()
         .filter(|o| o.types.as_ref().unwrap().kind == "Deployment")

@@ -1,8 +1,8 @@
-//! Deleting a Cluster (decision 68): while its agent reports in, the hub deletes the cluster's
-//! BundleDeployments first and waits for the agent to remove what it deployed before it strips
-//! the agent's finalizers and removes the cluster namespace (and with it the agent's identity);
-//! an agent that does not report in is not waited for, and then nothing is deleted downstream.
-//! Other clusters are untouched either way.
+//! Deleting a Cluster (decision 0068-deleted-cluster-waits-for-agent): while its agent reports in,
+//! the hub deletes the cluster's BundleDeployments first and waits for the agent to remove what it
+//! deployed before it strips the agent's finalizers and removes the cluster namespace (and with it
+//! the agent's identity); an agent that does not report in is not waited for, and then nothing is
+//! deleted downstream. Other clusters are untouched either way.
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
-//! A Cluster's status while a new version rolls out (decision 66): the hub keeps the Cluster's
-//! written summary while its ready BundleDeployments wait for their agent to apply a new
-//! version, so a rotation that completes within `cluster_rollout_summary_delay` writes no
-//! Cluster status; a rollout still waiting after it is shown (never hidden), and the Cluster is
+//! A Cluster's status while a new version rolls out (decision 0066-rollout-summary-delay): the hub
+//! keeps the Cluster's written summary while its ready BundleDeployments wait for their agent to
+//! apply a new version, so a rotation that completes within `cluster_rollout_summary_delay` writes
+//! no Cluster status; a rollout still waiting after it is shown (never hidden), and the Cluster is
 //! Ready again once the agent has applied it.
 
 use std::time::Duration;

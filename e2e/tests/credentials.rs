@@ -1,9 +1,10 @@
-//! Agent credentials that expire (issue 14, decision 43), on a real hub and downstream cluster:
-//! the registration token is a bound ServiceAccount token with an expiry; the agent renews its
-//! own before it runs out (proved with a 600 s token and a 597 s margin, so it renews every
-//! ~3 s), switches its hub client to the new token (the registration token is then revoked and
-//! the client keeps working) and stores it downstream; it may mint tokens of its own
-//! ServiceAccount only; deleting the Cluster makes every token of the agent fail at once.
+//! Agent credentials that expire (issue 14, decision 0044-expiring-agent-credentials), on a real
+//! hub and downstream cluster: the registration token is a bound ServiceAccount token with an
+//! expiry; the agent renews its own before it runs out (proved with a 600 s token and a 597 s
+//! margin, so it renews every ~3 s), switches its hub client to the new token (the registration
+//! token is then revoked and the client keeps working) and stores it downstream; it may mint
+//! tokens of its own ServiceAccount only; deleting the Cluster makes every token of the agent fail
+//! at once.
 
 use std::time::Duration;
 

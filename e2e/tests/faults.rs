@@ -28,7 +28,8 @@ use tender_types::{BundleDeployment, Cluster, labels, names};
 
 /// How long a fault test waits for convergence after a fault (generous: 500 clusters on 2
 /// shared cores, namespaces deleted by the controller-manager).
-/// Long enough for a delayed Cluster summary write (decision 53) to have happened.
+/// Long enough for a delayed Cluster summary write (decision 0053-cluster-summary-delay) to have
+/// happened.
 const QUIET: Duration =
     Duration::from_secs(3 + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY.as_secs());
 const CONVERGE: Duration = Duration::from_secs(300);

@@ -353,7 +353,8 @@ async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
             "{}",
             r.name()
         );
-        // Requests in flight are tracked per verb and resource (decision 69).
+        // Requests in flight are tracked per verb and resource
+        // (decision 0069-requests-in-flight-metric).
         assert!(
             scraped.contains("kube_requests_in_flight{verb="),
             "{}",
@@ -470,8 +471,9 @@ async fn every_agent_flag_and_chart_value_takes_effect_in_the_binary() {
     // does not expose.
     ws.cluster("x").await;
     ws.cluster("y").await;
-    // X: Bundles may do anything (bundleServiceAccount.clusterAdmin, decision 0079), so it
-    // creates namespaces; Y: the Bundle ServiceAccount bound in `apps` only, which exists.
+    // X: Bundles may do anything (bundleServiceAccount.clusterAdmin,
+    // decision 0079-bundles-applied-as-an-impersonated-service-account), so it creates namespaces;
+    // Y: the Bundle ServiceAccount bound in `apps` only, which exists.
     let mut x = start_agent(
         &ws,
         "x",

@@ -1,6 +1,6 @@
-//! Helm hooks on a real downstream cluster (decision 0088): a chart with `pre-install`/
-//! `pre-upgrade` and `post-install`/`post-upgrade` Jobs, a hook ServiceAccount and a
-//! `pre-delete` Job, rendered by the pinned Helm and served by a loopback repository. The
+//! Helm hooks on a real downstream cluster (decision 0088-phased-deploy-and-helm-hooks): a chart
+//! with `pre-install`/ `pre-upgrade` and `post-install`/`post-upgrade` Jobs, a hook ServiceAccount
+//! and a `pre-delete` Job, rendered by the pinned Helm and served by a loopback repository. The
 //! downstream runs no job controller, so the test plays it: it marks hook Jobs complete or
 //! failed, and each assertion holds while a hook is still running (nothing of the next phase
 //! exists), so the order is proven, not sampled after the fact.

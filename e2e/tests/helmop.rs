@@ -187,7 +187,7 @@ async fn a_fleet_helmop_deploys_to_every_cluster_rotates_upgrades_idles_and_goes
 
     // Idle means no writes: neither the HelmOp's status nor anything else.
     let hub = ws.hub_instance();
-    // Past a delayed Cluster summary write (decision 53) too.
+    // Past a delayed Cluster summary write (decision 0053-cluster-summary-delay) too.
     let quiet = std::time::Duration::from_secs(2) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
     let writes = settled("hub writes", quiet, || async { hub.writes() }).await;
     let version = h.resource_version();

@@ -3,7 +3,9 @@
 //! agent's own hub kubeconfig Secret (reverse sync, `valuesFrom`, `helmSecretName`), a
 //! service-account token, tender's own objects through `takeOwnership`, an `APIService`, and
 //! writes into `kube-system`. Every attempt is refused with a stable reason naming the object
-//! (never its content), and nothing leaves or changes downstream (decisions 77 and 78).
+//! (never its content), and nothing leaves or changes downstream
+//! (decisions 0077-reads-for-a-bundle-obey-the-owner
+//! and 0078-tenders-own-objects-and-protected-namespaces).
 //!
 //! Each agent runs in its own agent namespace (a fresh name), which holds a stand-in of the
 //! hub kubeconfig Secret the chart mounts (`tender-agent-hub`).

@@ -1,6 +1,6 @@
-//! A hostile chart server (issue 21, decision 76): whoever writes a Bundle's `spec.helm`
-//! chooses the chart repository, so the agent bounds what one can make it do. Each test
-//! deploys a good release first from a loopback repository, then points the Bundle at a
+//! A hostile chart server (issue 21, decision 0076-bounded-chart-sources): whoever writes a
+//! Bundle's `spec.helm` chooses the chart repository, so the agent bounds what one can make it do.
+//! Each test deploys a good release first from a loopback repository, then points the Bundle at a
 //! hostile version: an oversized archive, a redirect to another origin (a second listener
 //! that must see no request), a `values.schema.json` whose `$ref` names a URL (a counting
 //! listener that must see no request), and a chart that renders more than the agent reads.

@@ -1,9 +1,10 @@
 //! Attacks from the hub side, on one hub serving two workspaces (as the hub chart does by
 //! default): an agent's own hub credential, a hub tenant who may create namespaces, and a
 //! Bundle writer naming credentials the workspace holds. The hub decides where it writes from
-//! what only the hub decides (decision 73), writes only into namespaces it provably created
-//! (decision 74), never copies a push kubeconfig or a ServiceAccount token (decision 75), and
-//! bounds what one Bundle's copies hold on the hub (decision 80).
+//! what only the hub decides (decision 0073-hub-writes-where-it-derives), writes only into
+//! namespaces it provably created (decision 0074-cluster-namespaces-provably-the-hubs), never
+//! copies a push kubeconfig or a ServiceAccount token (decision 0075-credentials-never-copied),
+//! and bounds what one Bundle's copies hold on the hub (decision 0080-copied-bytes-per-bundle).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -839,7 +839,8 @@ async fn restarted_hub_writes_nothing_for_settled_objects_and_idle_means_idle() 
     w.bundle_condition("app", TYPE_RESOURCES_COPIED, reason::RESOURCES_COPIED)
         .await;
     // Settled: the first hub's write count stops moving for longer than a Cluster summary
-    // waits (decision 53), so no summary write is still pending when it stops.
+    // waits (decision 0053-cluster-summary-delay), so no summary write is still pending when it
+    // stops.
     let first = &w.hub;
     let quiet = Duration::from_secs(2) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
     settled("the first hub's writes", quiet, || async { first.writes() }).await;
@@ -973,9 +974,9 @@ async fn deleting_a_bundle_removes_its_deployments_and_copies() {
     .await;
 }
 
-/// Issue 23 item 4 / decision 0086: a Bundle whose BundleDeployment the apiserver keeps
-/// refusing is retried with a growing per-object delay (1, 2, 4, 8, 16, 30 s), not every few
-/// seconds for ever, and is deployed once the cause goes away.
+/// Issue 23 item 4 / decision 0086-one-retry-and-finalizer-helper: a Bundle whose BundleDeployment
+/// the apiserver keeps refusing is retried with a growing per-object delay (1, 2, 4, 8, 16, 30 s),
+/// not every few seconds for ever, and is deployed once the cause goes away.
 #[tokio::test]
 async fn a_bundle_whose_writes_keep_failing_backs_off_and_deploys_once_fixed() {
     use k8s_openapi::api::admissionregistration::v1::{

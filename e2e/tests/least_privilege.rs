@@ -1,15 +1,15 @@
-//! Least privilege downstream (issue 21, decision 0079): the agent installed from its chart,
-//! run as the chart's ServiceAccount, applies Bundles as the Bundle ServiceAccount it
+//! Least privilege downstream (issue 21,
+//! decision 0079-bundles-applied-as-an-impersonated-service-account): the agent installed from its
+//! chart, run as the chart's ServiceAccount, applies Bundles as the Bundle ServiceAccount it
 //! impersonates. With the chart's defaults (the refused-kinds blocklist emptied, so RBAC alone
 //! decides) a Bundle that tries to become cluster-admin — a RoleBinding to cluster-admin in
 //! kube-system, a ClusterRoleBinding, a root Deployment in kube-system mounting the node's
-//! filesystem and running as a controller's ServiceAccount — is refused by
-//! RBAC, each object naming the 403, while an ordinary Bundle (a Secret copy, a ConfigMap, a
-//! Deployment in the owner's application namespace) deploys; a Bundle naming a ServiceAccount
-//! the owner did not allow is refused as a whole (`ServiceAccountNotAllowed`), one the owner
-//! allowed deploys where only it may write. With the
-//! documented opt-in (`bundleServiceAccount.clusterAdmin=true`) the same privileged Bundle
-//! deploys.
+//! filesystem and running as a controller's ServiceAccount — is refused by RBAC, each object
+//! naming the 403, while an ordinary Bundle (a Secret copy, a ConfigMap, a Deployment in the
+//! owner's application namespace) deploys; a Bundle naming a ServiceAccount the owner did not
+//! allow is refused as a whole (`ServiceAccountNotAllowed`), one the owner allowed deploys where
+//! only it may write. With the documented opt-in (`bundleServiceAccount.clusterAdmin=true`) the
+//! same privileged Bundle deploys.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -132,8 +132,9 @@ async fn by_default_a_bundle_cannot_escalate_and_an_ordinary_one_deploys() {
     ws.cluster("east").await;
     let bundle_ns = format!("bundleServiceAccount.namespaces={{{app_ns}}}");
     let allowed = format!("allowBundleServiceAccounts={{{deployer}}}");
-    // The owner opens the protected kube-system to the agent's policy (decision 0078), so RBAC
-    // alone decides there: the boundary under test.
+    // The owner opens the protected kube-system to the agent's policy
+    // (decision 0078-tenders-own-objects-and-protected-namespaces), so RBAC alone decides there:
+    // the boundary under test.
     let writable = format!("policy.allowedNamespaces={{kube-system,{app_ns},{team_ns}}}");
     let _agent = start_agent(
         &ws,
@@ -276,7 +277,8 @@ async fn with_the_cluster_admin_opt_in_the_same_bundle_deploys() {
             sets: &[
                 NO_BLOCKLIST,
                 "bundleServiceAccount.clusterAdmin=true",
-                // kube-system is protected by the policy unless named (decision 0078).
+                // kube-system is protected by the policy unless named
+                // (decision 0078-tenders-own-objects-and-protected-namespaces).
                 "policy.allowedNamespaces={kube-system}",
             ],
             ..Default::default()

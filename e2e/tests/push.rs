@@ -685,7 +685,7 @@ async fn reverse_sync_works_for_a_push_cluster() {
 
 /// A push cluster applies as its kubeconfig's own identity (the owner chose it when minting
 /// it), so a Bundle naming a ServiceAccount is refused there and nothing of it is deployed
-/// (decision 0079).
+/// (decision 0079-bundles-applied-as-an-impersonated-service-account).
 #[tokio::test]
 async fn a_push_cluster_refuses_a_bundle_naming_a_service_account() {
     let (ws, _hub) = push_workspace("push-sa").await;

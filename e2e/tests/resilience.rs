@@ -390,7 +390,8 @@ async fn renewed_at(leases: &Api<Lease>) -> Option<MicroTime> {
 /// The hub apiserver stops answering the agent's writes (a gate holds them; reads pass): each
 /// heartbeat write is given up after a third of the interval and tried again after 2 s, so the
 /// agent keeps trying instead of waiting on one request until kube's 295 s read timeout, and
-/// its Lease is renewed within seconds once writes flow again (decision 65).
+/// its Lease is renewed within seconds once writes flow again
+/// (decision 0065-bounded-heartbeat-write).
 #[tokio::test]
 async fn a_hanging_heartbeat_write_is_given_up_and_the_lease_renewed_once_writes_flow() {
     let ws = Workspace::new(shared_env(1).await, "res-hang").await;

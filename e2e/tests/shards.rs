@@ -1,5 +1,5 @@
-//! Hub sharding by Cluster label (issue 13, decision 62): three hubs in-process on one
-//! workspace — the unsharded replica and shards `a` and `b` — each serving the Clusters of its
+//! Hub sharding by Cluster label (issue 13, decision 0062-hub-shards): three hubs in-process on
+//! one workspace — the unsharded replica and shards `a` and `b` — each serving the Clusters of its
 //! `tender.dev/shard` label. One Bundle reaches every shard's cluster, each replica writes only
 //! its own clusters' objects, the unsharded replica folds every shard's counts into the Bundle
 //! status, rotations reach all, idle means idle for every replica, a stopped replica leaves the

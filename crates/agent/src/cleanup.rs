@@ -24,11 +24,12 @@ use crate::status::Outcome;
 use crate::{Error, Result};
 use crate::{observe, report};
 
-/// Before the finalizer's cleanup of a BundleDeployment being deleted (decision 0088): its
-/// chart's `pre-delete` hooks, then its objects removed, then its `post-delete` hooks.
-/// `Some(action)` while a hook runs or failed (the finalizer stays: nothing is removed before
-/// every `pre-delete` hook succeeded); `None` once [`finalize`] may finish. The hooks' own
-/// objects (this removal's record of them) and the copies go last, with the inventory.
+/// Before the finalizer's cleanup of a BundleDeployment being deleted
+/// (decision 0088-phased-deploy-and-helm-hooks): its chart's `pre-delete` hooks, then its objects
+/// removed, then its `post-delete` hooks. `Some(action)` while a hook runs or failed (the
+/// finalizer stays: nothing is removed before every `pre-delete` hook succeeded); `None` once
+/// [`finalize`] may finish. The hooks' own objects (this removal's record of them) and the copies
+/// go last, with the inventory.
 pub(crate) async fn before_finalize(
     bd: &BundleDeployment,
     ctx: &Context,
@@ -272,7 +273,8 @@ async fn remove_object(
 }
 
 /// Whether the start-up sweep may run, from the agent's Cluster as the hub shows it right
-/// after the list of BundleDeployments (decision 81). Pure.
+/// after the list of BundleDeployments (decision 0081-an-agent-sweeps-only-for-a-live-cluster).
+/// Pure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SweepGate {
     /// The Cluster exists and is not being deleted: the list is of a live cluster namespace.

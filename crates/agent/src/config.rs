@@ -41,8 +41,9 @@ pub struct AgentConfig {
     pub policy: crate::policy::Policy,
     /// Bounds on what one chart source can make the agent read, keep and render.
     pub chart_limits: ChartLimits,
-    /// The downstream ServiceAccount Bundles are applied as (impersonated; decision 0079);
-    /// `None`: as the agent itself (in-process tests, push clusters: the kubeconfig's identity).
+    /// The downstream ServiceAccount Bundles are applied as (impersonated;
+    /// decision 0079-bundles-applied-as-an-impersonated-service-account); `None`: as the agent
+    /// itself (in-process tests, push clusters: the kubeconfig's identity).
     pub bundle_service_account: Option<tender_types::service_account::ServiceAccountRef>,
     /// ServiceAccounts (`<namespace>/<name>`, or `*`) a Bundle may name in `spec.serviceAccount`.
     pub allowed_bundle_service_accounts: Vec<String>,
@@ -80,7 +81,7 @@ const MIB: u64 = 1 << 20;
 
 /// Bounds on the work a chart source (a Bundle writer's `spec.helm`) can cause: bytes read per
 /// response, bytes of `helm template` output, bytes of the chart cache, and where redirects
-/// may go (decision 76).
+/// may go (decision 0076-bounded-chart-sources).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChartLimits {
     /// Largest chart archive (an HTTP repository's `.tgz` or an OCI chart layer).

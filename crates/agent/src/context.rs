@@ -49,7 +49,8 @@ pub(crate) struct Context {
     /// Retry delays of BundleDeployments whose last reconcile failed (the runtime's one
     /// per-object backoff, as the hub's controllers use).
     pub(crate) retries: tender_runtime::retry::Backoffs,
-    /// BundleDeployments (by name) whose hub copy is ahead of them, since when (decision 55).
+    /// BundleDeployments (by name) whose hub copy is ahead of them, since when
+    /// (decision 0055-copy-ahead-grace).
     pub(crate) copies_ahead: Mutex<HashMap<String, std::time::Instant>>,
 }
 

@@ -1,6 +1,6 @@
-//! Deploying one BundleDeployment, top to bottom (decision 0088): observe once
-//! ([`observe`]), plan the phases ([`plan::deployment_plan`], pure), record the inventory, run
-//! the phases ([`execute`]), prune once everything is in place, and report.
+//! Deploying one BundleDeployment, top to bottom (decision 0088-phased-deploy-and-helm-hooks):
+//! observe once ([`observe`]), plan the phases ([`plan::deployment_plan`], pure), record the
+//! inventory, run the phases ([`execute`]), prune once everything is in place, and report.
 
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ const COPY_WAIT: Duration = Duration::from_secs(2);
 /// A running hook's Job or Pod wakes the deployment when it changes; this is the fallback.
 const HOOK_POLL: Duration = Duration::from_secs(5);
 /// How long a hub copy ahead of its BundleDeployment waits for the new BundleDeployment
-/// before the deployment reports the copy as not matching (decision 55).
+/// before the deployment reports the copy as not matching (decision 0055-copy-ahead-grace).
 const COPY_AHEAD_GRACE: Duration = Duration::from_secs(10);
 
 /// Observe → plan → execute → report for `bd`; the action says when to look again.

@@ -1,8 +1,8 @@
-//! Runs a [`DeployPlan`]'s phases in order (decision 0088): namespace manifests, the other
-//! namespaces, then each phase once [`plan::gate`] lets it start. An object goes through
-//! [`sync_object`]; a hook is created for this run (its previous run's object deleted first),
-//! waited for, and judged. What each entry became is returned per phase; nothing here decides
-//! the deployment's status.
+//! Runs a [`DeployPlan`]'s phases in order (decision 0088-phased-deploy-and-helm-hooks): namespace
+//! manifests, the other namespaces, then each phase once [`plan::gate`] lets it start. An object
+//! goes through [`sync_object`]; a hook is created for this run (its previous run's object deleted
+//! first), waited for, and judged. What each entry became is returned per phase; nothing here
+//! decides the deployment's status.
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
-//! Helm hooks as Helm defines them (decision 0088): which objects of `helm template`'s output are
-//! hooks, for which events, in what order, and what their delete policy says. Pure.
+//! Helm hooks as Helm defines them (decision 0088-phased-deploy-and-helm-hooks): which objects of
+//! `helm template`'s output are hooks, for which events, in what order, and what their delete
+//! policy says. Pure.
 //!
 //! Helm sorts a phase's hooks by kind (install order), then stably by weight and name, so
 //! weight decides first, then the object's name, then its kind.

@@ -1,9 +1,10 @@
-//! Who a BundleDeployment's content is written as downstream (decision 0079): the downstream
-//! owner's Bundle ServiceAccount (`--bundle-service-account`), or one the Bundle names
-//! (`spec.serviceAccount`) when the owner allows it (`--allow-bundle-service-accounts`), or —
-//! with no Bundle ServiceAccount configured — the agent itself. Writes as a ServiceAccount go
-//! through a client impersonating it, so Kubernetes RBAC bounds what any Bundle can do; the
-//! agent's own identity keeps reading (caches, conflict checks) and its own objects.
+//! Who a BundleDeployment's content is written as downstream
+//! (decision 0079-bundles-applied-as-an-impersonated-service-account): the downstream owner's
+//! Bundle ServiceAccount (`--bundle-service-account`), or one the Bundle names
+//! (`spec.serviceAccount`) when the owner allows it (`--allow-bundle-service-accounts`), or — with
+//! no Bundle ServiceAccount configured — the agent itself. Writes as a ServiceAccount go through a
+//! client impersonating it, so Kubernetes RBAC bounds what any Bundle can do; the agent's own
+//! identity keeps reading (caches, conflict checks) and its own objects.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

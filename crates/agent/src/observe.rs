@@ -1,7 +1,7 @@
-//! Observing one BundleDeployment once (decision 0088): who it is written as, its copies from
-//! the hub, discovery of every kind, the fan-out namespaces, the inventory and the rendered
-//! chart (objects, CRDs and hooks), with the owner's policy applied — everything the pure
-//! [`plan::deployment_plan`] needs.
+//! Observing one BundleDeployment once (decision 0088-phased-deploy-and-helm-hooks): who it is
+//! written as, its copies from the hub, discovery of every kind, the fan-out namespaces, the
+//! inventory and the rendered chart (objects, CRDs and hooks), with the owner's policy applied —
+//! everything the pure [`plan::deployment_plan`] needs.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

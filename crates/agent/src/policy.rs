@@ -6,7 +6,7 @@
 //! with `RefusedByPolicy`) and left alone — not created, not changed, not pruned — while
 //! everything else in its BundleDeployment is deployed as usual. A refused read (reverse sync,
 //! `valuesFrom`, `helmSecretName`) is reported with `ReadRefusedByPolicy`, naming the object
-//! and the rule, never its content (decision 77).
+//! and the rule, never its content (decision 0077-reads-for-a-bundle-obey-the-owner).
 
 use std::collections::BTreeMap;
 
@@ -28,7 +28,8 @@ pub const DEFAULT_REFUSED_KINDS: &[&str] = &[
 
 /// The cluster's own namespaces: written only when `--allowed-namespaces` names them exactly
 /// (a RoleBinding to `cluster-admin` in `kube-system` is admin over the control plane's
-/// credentials). The agent's own namespace is protected the same way (decision 78).
+/// credentials). The agent's own namespace is protected the same way
+/// (decision 0078-tenders-own-objects-and-protected-namespaces).
 pub const PROTECTED_NAMESPACES: &[&str] = &["kube-system", "kube-public", "kube-node-lease"];
 
 /// The Secret type never read for a Bundle: a ServiceAccount's long-lived token.
@@ -190,7 +191,7 @@ fn describe(key: &ObjectRef) -> String {
 }
 
 /// What a Bundle may make the agent read downstream (reverse sync, `valuesFrom`,
-/// `helmSecretName`): decision 77.
+/// `helmSecretName`): decision 0077-reads-for-a-bundle-obey-the-owner.
 #[derive(Clone, Copy, Debug)]
 pub struct Reads<'a> {
     patterns: &'a [String],

@@ -66,7 +66,8 @@ pub(crate) fn report_ops(
     });
     let mut events = Vec::new();
     // The first deployment only: a redeploy (a rotation) shows in `appliedDeploymentID`, and an
-    // Event per cluster per rotation would double the hub writes of a rotation (decision 55).
+    // Event per cluster per rotation would double the hub writes of a rotation
+    // (decision 0055-copy-ahead-grace).
     let first_applied = prev
         .and_then(|p| p.applied_deployment_id.as_ref())
         .is_none();

@@ -173,7 +173,8 @@ fn hub_failure(error: Error) -> Failure {
 }
 
 /// Agent namespace downstream, then a successful hub list, then the sweep — only while the
-/// agent's Cluster exists and is not being deleted (decision 81).
+/// agent's Cluster exists and is not being deleted
+/// (decision 0081-an-agent-sweeps-only-for-a-live-cluster).
 async fn startup(ctx: &Context) -> std::result::Result<(), Failure> {
     let agent_ns = &ctx.config.agent_namespace;
     let namespaces: Api<Namespace> = Api::all(ctx.down.client.clone());

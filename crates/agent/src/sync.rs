@@ -58,7 +58,8 @@ pub(crate) async fn sync_object(
             }
         },
     };
-    // takeOwnership never adopts tender's own objects, whatever the policy flags (decision 78).
+    // takeOwnership never adopts tender's own objects, whatever the policy flags
+    // (decision 0078-tenders-own-objects-and-protected-namespaces).
     if mode.take_ownership
         && let Some(live) = &live
         && let Some(why) = adoption_refusal(ctx, d, owner, live)

@@ -8,9 +8,10 @@
 //! placeholders; a pass writes only what differs ([`placeholder_body`] vs the cached
 //! placeholder), so an idle agent makes no writes. Nothing here deletes anything.
 //!
-//! Only what the owner's policy lets a Bundle read is watched and published (decision 77):
-//! never the agent's own namespace, never a service-account token, only the readable
-//! namespaces; a refused entry is an `Error` line starting with `ReadRefusedByPolicy`.
+//! Only what the owner's policy lets a Bundle read is watched and published
+//! (decision 0077-reads-for-a-bundle-obey-the-owner): never the agent's own namespace, never a
+//! service-account token, only the readable namespaces; a refused entry is an `Error` line
+//! starting with `ReadRefusedByPolicy`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
@@ -485,7 +486,7 @@ async fn pass(
     failed
 }
 
-/// The executor's errors about Secrets carry only reason and code (decision 28).
+/// The executor's errors about Secrets carry only reason and code (decision 0028-one-error-shape).
 fn redacted(error: &tender_runtime::ReconcileError, _secret: bool) -> String {
     error.to_string()
 }

@@ -1,7 +1,8 @@
 //! The agent's downstream RBAC as `tender cluster add` renders it — the same objects as the
-//! agent chart (decision 0079): the agent itself only reads, keeps its own namespace and
-//! impersonates the Bundle ServiceAccount; Bundles are applied as that ServiceAccount, which
-//! gets edit-like rights in the namespaces given (cluster-admin only on request).
+//! agent chart (decision 0079-bundles-applied-as-an-impersonated-service-account): the agent
+//! itself only reads, keeps its own namespace and impersonates the Bundle ServiceAccount; Bundles
+//! are applied as that ServiceAccount, which gets edit-like rights in the namespaces given
+//! (cluster-admin only on request).
 
 use std::collections::BTreeMap;
 

@@ -1,10 +1,11 @@
 //! What the `tender-hub` binary adds to the hub library: the agent, for push mode.
 //!
-//! The hub library (`tender_hub`) does not depend on `tender-agent` (decision 0084); it asks a
-//! [`tender_hub::push::PushRunner`] to run each push cluster's agent. [`AgentRunner`] is that
-//! runner: it turns the hub's [`PushAgent`] into an [`AgentConfig`] with the agent's own
-//! settings and runs `tender_agent::run`. The binary (`main.rs`) and the end-to-end tests'
-//! in-process hubs use it, so both run push clusters the same way.
+//! The hub library (`tender_hub`) does not depend on `tender-agent`
+//! (decision 0084-hub-library-without-the-agent); it asks a [`tender_hub::push::PushRunner`] to
+//! run each push cluster's agent. [`AgentRunner`] is that runner: it turns the hub's [`PushAgent`]
+//! into an [`AgentConfig`] with the agent's own settings and runs `tender_agent::run`. The binary
+//! (`main.rs`) and the end-to-end tests' in-process hubs use it, so both run push clusters the
+//! same way.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use tender_runtime::Health;
 pub struct AgentRunner {
     /// The agent families, registered into the hub's registry (served on its `/metrics`).
     pub metrics: AgentMetrics,
-    /// Bounds on chart sources (the agent's flags, decision 76).
+    /// Bounds on chart sources (the agent's flags, decision 0076-bounded-chart-sources).
     pub chart_limits: ChartLimits,
     /// Where charts are cached by digest; `None`: the agent's default (a temp directory).
     pub chart_cache_dir: Option<PathBuf>,

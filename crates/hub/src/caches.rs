@@ -107,12 +107,13 @@ fn reflect_dynamic(
     (reader, events)
 }
 
-/// Drops `managedFields`: no cache but the copies' reads them (decision 54).
+/// Drops `managedFields`: no cache but the copies' reads them
+/// (decision 0054-caches-drop-managed-fields).
 fn without_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-/// Keeps only what the hub reads of a copy's metadata (decision 60).
+/// Keeps only what the hub reads of a copy's metadata (decision 0060-slim-caches).
 fn copy_fields<K: Resource>(obj: &mut K) {
     crate::slim::copy(obj.meta_mut());
 }
@@ -162,8 +163,8 @@ pub(crate) fn caches(
 ) -> (Stores, CacheEvents) {
     let all = watcher::Config::default();
     // What the hub writes into cluster namespaces carries the workspace label and this
-    // replica's shard label (decision 62). Clusters are cached whole: leaving the shard is a
-    // label change here, not a deletion.
+    // replica's shard label (decision 0062-hub-shards). Clusters are cached whole: leaving the
+    // shard is a label change here, not a deletion.
     let in_workspaces = watcher::Config::default().labels(&scope.shard_selector(shard));
     // Sources: metadata only, never copies (which carry the bundle-name label).
     let not_copies = watcher::Config::default().labels(&format!("!{}", labels::BUNDLE_NAME));

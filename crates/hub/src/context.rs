@@ -127,10 +127,12 @@ pub(crate) struct Ctx {
     /// Per-object retry delays of every controller of this scope (reset on success).
     pub retries: tender_runtime::retry::Backoffs,
     /// Clusters (workspace, name) whose status differs from the written one only by the
-    /// BundleDeployment summary, and when that summary is due (decision 53).
+    /// BundleDeployment summary, and when that summary is due
+    /// (decision 0053-cluster-summary-delay).
     pub summary_due: Mutex<HashMap<(String, String), std::time::Instant>>,
     /// A shard replica's writer of its own `status.shards` entry on Bundles, with its own field
-    /// manager so server-side apply never removes another replica's entry (decision 62).
+    /// manager so server-side apply never removes another replica's entry
+    /// (decision 0062-hub-shards).
     pub shard_exec: Option<Executor>,
     /// Clusters (uid, shard label) already warned about a shard id no replica can have.
     pub invalid_shards: Mutex<std::collections::HashSet<(String, String)>>,
@@ -229,8 +231,9 @@ impl Ctx {
     }
 
     /// The namespace of `cluster` on the hub, when the cache holds the one the hub created
-    /// for it (the uid recorded on the Cluster, decision 74). Where the hub writes for a
-    /// Cluster comes from this alone, never from anything the Cluster's status says.
+    /// for it (the uid recorded on the Cluster,
+    /// decision 0074-cluster-namespaces-provably-the-hubs). Where the hub writes for a Cluster
+    /// comes from this alone, never from anything the Cluster's status says.
     pub(crate) fn owned_namespace(&self, cluster: &Cluster) -> Option<String> {
         let workspace = cluster.namespace()?;
         let name = names::cluster_namespace(&workspace, &cluster.name_any());

@@ -50,7 +50,7 @@ pub const DEFAULT_AGENT_OFFLINE_AFTER: Duration = Duration::from_secs(90);
 pub const DEFAULT_CLUSTER_SUMMARY_DELAY: Duration = Duration::from_secs(5);
 
 /// How long a Cluster keeps its written summary while a new version of its ready
-/// BundleDeployments rolls out, by default (decision 66).
+/// BundleDeployments rolls out, by default (decision 0066-rollout-summary-delay).
 pub const DEFAULT_CLUSTER_ROLLOUT_SUMMARY_DELAY: Duration = Duration::from_secs(30);
 
 /// Default of [`HubConfig::max_copied_bytes_per_bundle`]: 256 MiB (a 100 KiB Secret copied to
@@ -83,15 +83,17 @@ pub struct HubConfig {
     /// on the hub.
     pub copyable_kinds: Vec<tender_types::copy::CopyableKind>,
     /// How long a Cluster status change that only moves its BundleDeployment summary waits
-    /// before it is written, so the summary's transient states coalesce (decision 53).
+    /// before it is written, so the summary's transient states coalesce
+    /// (decision 0053-cluster-summary-delay).
     pub cluster_summary_delay: Duration,
     /// How long a summary change that only moves ready BundleDeployments to `WaitApplied` (a
     /// new version rolling out; the agent has not reported on it yet) waits instead: a
-    /// rotation that completes within it writes no Cluster status (decision 66).
+    /// rotation that completes within it writes no Cluster status
+    /// (decision 0066-rollout-summary-delay).
     pub cluster_rollout_summary_delay: Duration,
     /// Serve only Clusters labelled `tender.dev/shard=<id>` (`--shard-id`); `None` serves the
     /// Clusters without that label and folds every shard's entry into Bundle status
-    /// (decision 62). Checked by [`tender_types::labels::validate_shard_id`].
+    /// (decision 0062-hub-shards). Checked by [`tender_types::labels::validate_shard_id`].
     pub shard_id: Option<String>,
 }
 

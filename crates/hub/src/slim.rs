@@ -1,6 +1,6 @@
 //! What the caches keep of a BundleDeployment and of a copy: the fields some reader reads,
-//! nothing else (decision 60). Applied on the watch stream, before the store, so the full
-//! object never stays in memory.
+//! nothing else (decision 0060-slim-caches). Applied on the watch stream, before the store, so the
+//! full object never stays in memory.
 
 use std::collections::BTreeMap;
 

@@ -226,7 +226,7 @@ fn bundle_of(meta: &ObjectMeta) -> Option<ObjectRef<Bundle>> {
 fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<'static, ()> {
     // A shard replica wakes only for what it acts on: every replica's status write reaches
     // every replica, and reconciling each other's entries multiplied the Bundle reconciles by
-    // the replica count (decision 62).
+    // the replica count (decision 0062-hub-shards).
     let shard = ctx.config.shard_id.clone();
     let mut seen: HashMap<ObjectRef<Bundle>, u64> = HashMap::new();
     drive(events, move |event| {

@@ -202,8 +202,8 @@ async fn run(
         .run(bundle::reconcile, bundle::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     // ClusterGroup counts (every replica caches every Cluster) and HelmOps (their Bundle and
-    // the folded Bundle status) are the unsharded replica's alone (decision 62); a shard
-    // replica drops their trigger streams, so nothing queues up for them.
+    // the folded Bundle status) are the unsharded replica's alone (decision 0062-hub-shards); a
+    // shard replica drops their trigger streams, so nothing queues up for them.
     if ctx.config.shard_id.is_some() {
         drop((groups, group, helmops, helmop));
         tokio::join!(cluster_controller, bundle_controller);

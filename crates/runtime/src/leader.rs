@@ -12,7 +12,7 @@
 //! waits as long as the client does. So the election watches the Lease writes itself (a layer
 //! on its own client records when each successful one was sent) and steps down once
 //! [`RENEW_DEADLINE`] has passed since the last, before the Lease can expire and a standby
-//! take it (decision 0082).
+//! take it (decision 0082-leader-steps-down-at-its-renew-deadline).
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;

@@ -116,10 +116,11 @@ pub mod reason {
     /// than the hub allows (`--max-copied-bytes-per-bundle`).
     pub const COPY_LIMIT_EXCEEDED: &str = "CopyLimitExceeded";
     /// A `downstreamResources` source exists but is never copied: a Secret a Cluster names
-    /// as its kubeconfig, or a ServiceAccount token (decision 75).
+    /// as its kubeconfig, or a ServiceAccount token (decision 0075-credentials-never-copied).
     pub const SOURCE_REFUSED: &str = "SourceRefused";
     /// The Cluster's namespace on the hub exists but the hub did not create it for this
-    /// Cluster: nothing is provisioned or written there (decision 74).
+    /// Cluster: nothing is provisioned or written there
+    /// (decision 0074-cluster-namespaces-provably-the-hubs).
     pub const NAMESPACE_NOT_OWNED: &str = "NamespaceNotOwned";
     /// The agent has never reported in.
     pub const WAITING_FOR_AGENT: &str = "WaitingForAgent";
@@ -144,7 +145,8 @@ pub mod reason {
     /// Push mode: the downstream apiserver does not answer in time.
     pub const CLUSTER_UNREACHABLE: &str = "ClusterUnreachable";
     /// Agent log and `tender_agent_hub_access_lost`: the hub refuses the agent's identity
-    /// (401/403) or its Cluster no longer exists; nothing is deleted downstream (decision 81).
+    /// (401/403) or its Cluster no longer exists; nothing is deleted downstream
+    /// (decision 0081-an-agent-sweeps-only-for-a-live-cluster).
     pub const HUB_ACCESS_LOST: &str = "HubAccessLost";
 }
 

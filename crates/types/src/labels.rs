@@ -18,7 +18,8 @@ pub const APP_NAME: &str = "app.kubernetes.io/name";
 /// [`APP_NAME`] of the agent's install (its chart and what `tender cluster add` renders).
 pub const AGENT_APP_NAME: &str = "tender-agent";
 /// [`APP_NAME`] values of tender's own installs (agent, hub, hub shards): objects carrying one
-/// are never adopted by `takeOwnership` (decision 78).
+/// are never adopted by `takeOwnership`
+/// (decision 0078-tenders-own-objects-and-protected-namespaces).
 pub const INSTALL_NAMES: &[&str] = &[AGENT_APP_NAME, "tender-hub", "tender-hub-shard"];
 
 /// Label: namespace of the Bundle an object was created for.
@@ -30,12 +31,14 @@ pub const CLUSTER: &str = "tender.dev/cluster";
 /// Label: the cluster's own namespace on the hub (where its BundleDeployments live).
 pub const CLUSTER_NAMESPACE: &str = "tender.dev/cluster-namespace";
 /// Annotation on a Cluster: the uid of the cluster namespace the hub created for it. Only a
-/// namespace of that uid is the hub's to write into and delete (decision 74); the agent's
-/// credential cannot write a Cluster's metadata.
+/// namespace of that uid is the hub's to write into and delete
+/// (decision 0074-cluster-namespaces-provably-the-hubs); the agent's credential cannot write a
+/// Cluster's metadata.
 pub const NAMESPACE_UID: &str = "tender.dev/namespace-uid";
 /// Label on a cluster namespace: the random claim the hub created it with; the Cluster's
 /// [`NAMESPACE_UID`] holds `pending:<sha256 of the claim>` until the uid is recorded, so a hub
-/// stopped between the two writes still knows the namespace for its own (decision 74).
+/// stopped between the two writes still knows the namespace for its own
+/// (decision 0074-cluster-namespaces-provably-the-hubs).
 pub const NAMESPACE_CLAIM: &str = "tender.dev/namespace-claim";
 /// Label: namespace of the Cluster object (the workspace), on cluster namespaces.
 pub const WORKSPACE: &str = "tender.dev/workspace";

@@ -63,9 +63,9 @@ fn sanitise(s: &str, max: usize) -> String {
 /// hash of the full, unmodified pair keeps distinct clusters apart even when their readable
 /// parts collide after truncation or sanitising.
 ///
-/// The hash part is 64 bits (decision 74): a tenant of another workspace cannot search for a
-/// (workspace, name) pair whose namespace is somebody else's; the hub also adopts no
-/// namespace it did not create.
+/// The hash part is 64 bits (decision 0074-cluster-namespaces-provably-the-hubs): a tenant of
+/// another workspace cannot search for a (workspace, name) pair whose namespace is somebody
+/// else's; the hub also adopts no namespace it did not create.
 pub fn cluster_namespace(workspace: &str, cluster_name: &str) -> String {
     let hash = sha256_hex(format!("{workspace}/{cluster_name}").as_bytes())[..16].to_string();
     let budget = MAX_DNS_LABEL_LEN - CLUSTER_NAMESPACE_PREFIX.len() - 1 - hash.len();
@@ -148,7 +148,8 @@ pub fn upstream_role(bundle_name: &str) -> String {
 /// ServiceAccount of a cluster's agent, in the cluster namespace on the hub.
 pub const AGENT_SERVICE_ACCOUNT: &str = "tender-agent";
 /// The long-lived token Secret of [`AGENT_SERVICE_ACCOUNT`] that clusters registered before
-/// decision 43 had; the hub now deletes it (agents hold expiring bound tokens instead).
+/// decision 0044-expiring-agent-credentials had; the hub now deletes it (agents hold expiring
+/// bound tokens instead).
 pub const AGENT_TOKEN_SECRET: &str = "tender-agent-token";
 /// Role and RoleBinding of the agent in its cluster namespace.
 pub const AGENT_ROLE: &str = "tender-agent";

@@ -1,4 +1,5 @@
-//! Whether a Cluster's namespace on the hub is the hub's own (decision 74). Pure.
+//! Whether a Cluster's namespace on the hub is the hub's own
+//! (decision 0074-cluster-namespaces-provably-the-hubs). Pure.
 //!
 //! The name is derived from (workspace, Cluster name), so anybody who may create namespaces
 //! can create it first. The hub therefore creates the namespace itself and records the uid

@@ -1,6 +1,7 @@
-//! Downstream ServiceAccounts a Bundle is applied as (decision 0079): the `<namespace>/<name>`
-//! form of flags and `Bundle.spec.serviceAccount`, the identity Kubernetes gives a
-//! ServiceAccount (what the agent impersonates), and the owner's allow-list.
+//! Downstream ServiceAccounts a Bundle is applied as
+//! (decision 0079-bundles-applied-as-an-impersonated-service-account): the `<namespace>/<name>`
+//! form of flags and `Bundle.spec.serviceAccount`, the identity Kubernetes gives a ServiceAccount
+//! (what the agent impersonates), and the owner's allow-list.
 
 use std::fmt;
 

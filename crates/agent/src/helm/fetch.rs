@@ -1,6 +1,6 @@
 //! Charts from HTTP(S) chart repositories: `index.yaml`, version selection (exact or semver
 //! range), download with basic auth into the chart cache; every response bounded in size and
-//! redirects kept on the repository's origin (decision 76).
+//! redirects kept on the repository's origin (decision 0076-bounded-chart-sources).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -164,7 +164,7 @@ pub(crate) enum Redirects {
     /// Only the hosts of `--chart-redirect-hosts` (`https://`).
     Listed,
     /// Any `https://` origin: an OCI blob, verified by its digest, which registries serve from
-    /// their storage hosts (decision 76).
+    /// their storage hosts (decision 0076-bounded-chart-sources).
     AnyHttps,
 }
 

@@ -137,7 +137,7 @@ impl Charts {
     /// The rendered objects of `helm` for BundleDeployment `bd`, release namespace `namespace`.
     /// `copies` are this deployment's planned copies: a `valuesFrom` or `helmSecretName` that
     /// names one reads the copy about to be applied, anything else is read downstream — only
-    /// what `reads` allows (decision 77).
+    /// what `reads` allows (decision 0077-reads-for-a-bundle-obey-the-owner).
     // The release (namespace, install or upgrade) and where values come from, all needed.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn render(
@@ -188,7 +188,8 @@ impl Charts {
                     .await?
             };
             self.check_schemas(&chart, &helm.chart).await?;
-            // A later revision renders from a copy whose templates say so (decision 0088).
+            // A later revision renders from a copy whose templates say so
+            // (decision 0088-phased-deploy-and-helm-hooks).
             let unpacked = self.cache.dir().join(".revisions").join(&memo_key[..16]);
             let rewritten = if revision > 1 {
                 let (archive, into) = (chart.clone(), unpacked.clone());

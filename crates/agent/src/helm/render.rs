@@ -16,9 +16,10 @@ use crate::hooks::{self, RenderedChart};
 /// Longest helm error message kept in status.
 const MAX_MESSAGE: usize = 1024;
 
-/// Arguments of `helm template`: hooks are rendered (tender runs them, decision 0088), tests
-/// are not, CRDs are, `--is-upgrade` once the release was installed, values come from stdin,
-/// and the Kubernetes and API versions are the downstream cluster's.
+/// Arguments of `helm template`: hooks are rendered (tender runs them,
+/// decision 0088-phased-deploy-and-helm-hooks), tests are not, CRDs are, `--is-upgrade` once the
+/// release was installed, values come from stdin, and the Kubernetes and API versions are the
+/// downstream cluster's.
 pub fn render_args(
     release: &str,
     namespace: &str,
@@ -63,7 +64,8 @@ pub(super) struct Sandbox<'a> {
 }
 
 /// A proxy nobody listens on: the discard port of loopback, which helm reaches for every
-/// non-loopback URL, so a chart cannot make it fetch anything (decision 76).
+/// non-loopback URL, so a chart cannot make it fetch anything
+/// (decision 0076-bounded-chart-sources).
 const NO_NETWORK_PROXY: &str = "http://127.0.0.1:9";
 
 /// The environment of `helm template`: no network (every proxy variable points at a closed

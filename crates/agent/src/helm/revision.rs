@@ -1,7 +1,7 @@
-//! `.Release.Revision` as Helm means it (decision 0088): `helm template` always renders revision
-//! 1, so for a later revision the chart is unpacked (after its size and schema checks) and each
-//! template's `.Release.Revision` inside `{{ … }}` is replaced by the number. Subcharts packed as
-//! archives inside the chart keep revision 1.
+//! `.Release.Revision` as Helm means it (decision 0088-phased-deploy-and-helm-hooks): `helm
+//! template` always renders revision 1, so for a later revision the chart is unpacked (after its
+//! size and schema checks) and each template's `.Release.Revision` inside `{{ … }}` is replaced by
+//! the number. Subcharts packed as archives inside the chart keep revision 1.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,9 @@
 //! A chart's `values.schema.json` files, read before helm runs: a schema that refers outside
 //! itself (`$ref`, `$dynamicRef`, `$id` or `$schema` with anything but a `#…` fragment or a
 //! json-schema.org meta-schema, which helm carries embedded) would make helm fetch that URL
-//! from inside the cluster, so the chart is refused (`ChartSchemaRefused`, decision 76).
-//! Subcharts count: their directories and the archives in `charts/` are read as well.
+//! from inside the cluster, so the chart is refused (`ChartSchemaRefused`,
+//! decision 0076-bounded-chart-sources). Subcharts count: their directories and the archives in
+//! `charts/` are read as well.
 
 use std::cell::Cell;
 use std::io::Read;

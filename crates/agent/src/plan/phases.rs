@@ -1,7 +1,8 @@
-//! The whole deployment as ordered phases (decision 0088), planned from what the agent observed
-//! in one pass: namespace manifests, the other namespaces, copies, CRDs, the pre hooks, the
-//! ordinary objects, the post hooks, and the prune set. Pure: the executor runs the phases,
-//! [`gate`] says when one may not start, and a refused or failing object is an entry to report.
+//! The whole deployment as ordered phases (decision 0088-phased-deploy-and-helm-hooks), planned
+//! from what the agent observed in one pass: namespace manifests, the other namespaces, copies,
+//! CRDs, the pre hooks, the ordinary objects, the post hooks, and the prune set. Pure: the
+//! executor runs the phases, [`gate`] says when one may not start, and a refused or failing object
+//! is an entry to report.
 
 use std::collections::BTreeSet;
 

@@ -189,8 +189,8 @@ fn ready_in(ns: &str, deployments: &[BundleDeployment]) -> String {
 
 /// The rows of a workspace, sorted by name. A Cluster's `BUNDLES-READY` is counted from
 /// `deployments` (the workspace's BundleDeployments), not taken from its status: the hub
-/// writes that summary after a delay (decision 53), and a table must not contradict the
-/// BundleDeployments it sits next to.
+/// writes that summary after a delay (decision 0053-cluster-summary-delay), and a table must not
+/// contradict the BundleDeployments it sits next to.
 pub fn workspace_report(
     workspace: &str,
     bundles: &[Bundle],

@@ -114,9 +114,10 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
         sources.insert(key.clone(), state);
     }
 
-    // Targeting is unchanged, over this replica's Clusters only (decision 62).
+    // Targeting is unchanged, over this replica's Clusters only (decision 0062-hub-shards).
     // Where a cluster's BundleDeployment goes is the namespace the hub created for it, never
-    // what the Cluster's status (which its agent may write) says (decision 73).
+    // what the Cluster's status (which its agent may write) says
+    // (decision 0073-hub-writes-where-it-derives).
     let clusters = ctx.own_clusters_in(&ns);
     let owned: Vec<Option<String>> = clusters.iter().map(|c| ctx.owned_namespace(c)).collect();
     let views: Vec<ClusterView<'_>> = clusters
@@ -170,7 +171,8 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
             let fetched = Mutex::new(std::mem::take(&mut fetched));
             // A cluster's future is made when it starts, never more than FANOUT_CONCURRENCY
             // alive: each holds a few KB, and collecting one per cluster first cost 8.5 MB per
-            // 1 000 clusters and Bundle reconcile (decision 61). A closure inside the stream
+            // 1 000 clusters and Bundle reconcile
+            // (decision 0061-bundle-reconcile-holds-manifests-once). A closure inside the stream
             // type trips async Send checks, hence the explicit window.
             let mut pending = plan.deployments.iter();
             let mut running = FuturesUnordered::new();
@@ -319,7 +321,8 @@ async fn write_status(
 }
 
 /// A shard replica's status write: its own entry of `status.shards` (its Clusters' counts and
-/// reverse-sync lines), applied with its own field manager; nothing else (decision 62).
+/// reverse-sync lines), applied with its own field manager; nothing else
+/// (decision 0062-hub-shards).
 async fn write_shard_entry(
     bundle: &Bundle,
     ctx: &Ctx,

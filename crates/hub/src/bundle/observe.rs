@@ -45,7 +45,8 @@ pub(crate) fn deployments_of(ctx: &Ctx, bundle: &Bundle) -> Vec<Arc<BundleDeploy
     // Looked up where the hub puts them (the namespaces it created for the workspace's
     // Clusters, under the Bundle's name), not found by labels: an agent may patch its
     // BundleDeployments' labels, and must not make another Bundle count or delete one
-    // (decision 73). A relabelled one is missing here and is written back.
+    // (decision 0073-hub-writes-where-it-derives). A relabelled one is missing here and is written
+    // back.
     let bd_name = names::bundle_deployment_name(&name);
     ctx.clusters_in(&ns)
         .iter()
@@ -223,7 +224,7 @@ fn content_bytes(object: &SourceObject) -> usize {
 const SERVICE_ACCOUNT_TOKEN: &str = "kubernetes.io/service-account-token";
 
 /// Whether a Cluster of workspace `ns` names Secret `name` (its push kubeconfig): a Bundle
-/// of the same workspace never copies it anywhere (decision 75).
+/// of the same workspace never copies it anywhere (decision 0075-credentials-never-copied).
 fn named_by_cluster(ctx: &Ctx, ns: &str, name: &str) -> bool {
     ctx.stores
         .clusters

@@ -94,7 +94,8 @@ pub(crate) fn deployment_step(
         &desired.namespace,
         shard,
     );
-    // The cache keeps a hash of each BundleDeployment's spec, not the spec (decision 60).
+    // The cache keeps a hash of each BundleDeployment's spec, not the spec
+    // (decision 0060-slim-caches).
     let desired_hash = hash::spec_hash(spec);
     let current = live.filter(|bd| {
         crate::slim::spec_hash(bd) == Some(desired_hash.as_str())

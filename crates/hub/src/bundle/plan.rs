@@ -36,7 +36,7 @@ pub enum SourceState {
     /// No such object in the Bundle's namespace.
     Missing,
     /// It exists but is never copied: a Secret a Cluster names (a push kubeconfig) or a
-    /// ServiceAccount token (decision 75).
+    /// ServiceAccount token (decision 0075-credentials-never-copied).
     Refused,
 }
 
@@ -98,7 +98,8 @@ pub struct DesiredDeployment {
 
 /// What a cluster's BundleDeployment spec holds of its own: all but the Bundle's manifests and
 /// Helm options, which are the same for every cluster and held once, in the [`Plan`]
-/// (decision 61: a clone per cluster was most of a Bundle reconcile's memory).
+/// (decision 0061-bundle-reconcile-holds-manifests-once: a clone per cluster was most of a Bundle
+/// reconcile's memory).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DesiredSpec {
     /// `deploymentID`: [`hash::deployment_id_with_helm`] of the manifests, options and chart.
@@ -118,7 +119,8 @@ pub struct Plan {
     pub deployments: Vec<DesiredDeployment>,
     /// Missing sources that a matched cluster needs, as `Kind/name`.
     pub missing: BTreeSet<String>,
-    /// Sources that exist but are never copied (decision 75), as `Kind/name`.
+    /// Sources that exist but are never copied (decision 0075-credentials-never-copied), as
+    /// `Kind/name`.
     pub refused: BTreeSet<String>,
     /// Entries with a kind the hub operator does not allow, as `Kind/name`.
     pub unsupported: BTreeSet<String>,

@@ -1,5 +1,5 @@
-//! A Bundle's shard bookkeeping (decision 62): the unsharded replica drops the cleanup
-//! finalizers of shards that no longer serve a Cluster. Pure.
+//! A Bundle's shard bookkeeping (decision 0062-hub-shards): the unsharded replica drops the
+//! cleanup finalizers of shards that no longer serve a Cluster. Pure.
 
 use std::collections::BTreeSet;
 

@@ -1,6 +1,7 @@
 //! What a deleted Cluster leaves behind: its agent's cleanup downstream is awaited while the
-//! agent reports in (decision 68), then the BundleDeployments' agent finalizers, the cluster
-//! namespace (only the hub's own, decision 74) and the workspace RBAC go.
+//! agent reports in (decision 0068-deleted-cluster-waits-for-agent), then the BundleDeployments'
+//! agent finalizers, the cluster namespace (only the hub's own,
+//! decision 0074-cluster-namespaces-provably-the-hubs) and the workspace RBAC go.
 
 use std::time::Duration;
 
@@ -20,7 +21,8 @@ use crate::context::Ctx;
 use crate::{Error, kube_err};
 
 /// How long after a Cluster's deletion the hub waits, at most, for its agent to clean up what
-/// it deployed before stripping the agent's finalizers (decision 68).
+/// it deployed before stripping the agent's finalizers
+/// (decision 0068-deleted-cluster-waits-for-agent).
 pub const AGENT_CLEANUP_GRACE: Duration = Duration::from_secs(60);
 
 /// Where a deleted Cluster's cleanup stands with its agent.
@@ -182,7 +184,8 @@ pub(super) async fn cleanup(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Erro
     let ns_name = names::cluster_namespace(&workspace, &name);
     release(cluster, ctx);
     // Only a namespace the hub created for this Cluster is emptied and deleted, that very
-    // one (uid precondition); somebody else's is left as it is (decision 74).
+    // one (uid precondition); somebody else's is left as it is
+    // (decision 0074-cluster-namespaces-provably-the-hubs).
     let (owner, uid) = namespace_ownership(ctx, cluster, &ns_name).await?;
     if !matches!(owner, Ownership::Ours | Ownership::Claimed) {
         tracing::info!(cluster = %name, namespace = %ns_name, "cluster deleted: its namespace is not tender's, left alone");

@@ -46,13 +46,15 @@ const CONTROLLER: &str = "cluster";
 pub(crate) async fn reconcile(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile(CONTROLLER);
     if !ctx.serves(&cluster) {
-        // Another shard's (or it just moved there): forget it, touch nothing (decision 62).
+        // Another shard's (or it just moved there): forget it, touch nothing
+        // (decision 0062-hub-shards).
         release(&cluster, &ctx);
         warn_invalid_shard(&cluster, &ctx).await;
         return Ok(Action::await_change());
     }
     // A Cluster going away while its agent reports in: its BundleDeployments go first and the
-    // agent cleans up downstream before the hub strips the agent's finalizers (decision 68).
+    // agent cleans up downstream before the hub strips the agent's finalizers
+    // (decision 0068-deleted-cluster-waits-for-agent).
     if cluster.metadata.deletion_timestamp.is_some()
         && cluster
             .finalizers()
@@ -126,7 +128,7 @@ async fn warn_invalid_shard(cluster: &Cluster, ctx: &Ctx) {
 }
 
 /// Labels every object of `access` with the serving replica's shard (none: unsharded), so
-/// that replica's namespace cache holds the cluster's namespace (decision 62).
+/// that replica's namespace cache holds the cluster's namespace (decision 0062-hub-shards).
 fn in_shard(mut access: AgentAccess, shard: Option<&str>) -> AgentAccess {
     let Some(id) = shard else { return access };
     let metas = [
@@ -251,7 +253,8 @@ async fn provision(cluster: &Cluster, ctx: &Ctx) -> Result<bool, Error> {
         ctx.config.shard_id.as_deref(),
     );
     let mut objects = access_objects(access, mode);
-    // The namespace first: the hub writes only into one it created (decision 74).
+    // The namespace first: the hub writes only into one it created
+    // (decision 0074-cluster-namespaces-provably-the-hubs).
     match namespace_ownership(ctx, cluster, &ns_name).await? {
         (Ownership::NotOurs, _) => {
             ctx.provisioned.lock().expect("lock").remove(&key);
@@ -375,16 +378,17 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let (status, recheck) = status_with(summary);
     let desired = status_key(&status);
     let unchanged = cluster.status.as_ref() == Some(&status);
-    // A change that only moves the summary waits (decision 53): transient BundleDeployment
-    // states (a rotation's WaitApplied, a fan-out's arrivals) coalesce into one write, or none
-    // when the summary is back where it was.
+    // A change that only moves the summary waits (decision 0053-cluster-summary-delay): transient
+    // BundleDeployment states (a rotation's WaitApplied, a fan-out's arrivals) coalesce into one
+    // write, or none when the summary is back where it was.
     let summary_only = !unchanged
         && written_summary.as_ref().is_some_and(|old| {
             let (held, _) = status_with(old.clone());
             cluster.status.as_ref().map(status_key) == Some(status_key(&held))
         });
-    // A new version rolling out to ready deployments waits longer (decision 66): at 1000
-    // agents a rotation outlasts the summary delay, and showing it cost two writes per cluster.
+    // A new version rolling out to ready deployments waits longer
+    // (decision 0066-rollout-summary-delay): at 1000 agents a rotation outlasts the summary delay,
+    // and showing it cost two writes per cluster.
     let delay = summary_only.then(|| match (&written_summary, &status.summary) {
         (Some(old), Some(new)) if rollout_only(old, new) => {
             ctx.config.cluster_rollout_summary_delay
@@ -538,7 +542,8 @@ mod tests {
     #[test]
     fn a_legacy_long_lived_token_secret_is_deleted_and_never_written() {
         let objects = access_objects(agent_access("ws", "east"), ClusterMode::Pull);
-        // Provisioned before decision 43: the token Secret exists next to everything else.
+        // Provisioned before decision 0044-expiring-agent-credentials: the token Secret exists
+        // next to everything else.
         let live: Vec<Option<String>> = objects.iter().map(|o| Some(o.hash.clone())).collect();
         let ops = kinds(&provision_ops(objects, &live));
         let ns = names::cluster_namespace("ws", "east");

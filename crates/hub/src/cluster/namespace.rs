@@ -1,5 +1,6 @@
 //! A Cluster's namespace on the hub, created by the hub and recorded on the Cluster so only
-//! that namespace is ever written into or deleted (decision 74; the rule itself is
+//! that namespace is ever written into or deleted
+//! (decision 0074-cluster-namespaces-provably-the-hubs; the rule itself is
 //! [`tender_types::ownership`]).
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -13,7 +14,8 @@ use super::Provisioned;
 use crate::context::Ctx;
 use crate::{Error, kube_err};
 
-/// Reads the derived namespace of `cluster` fresh and says whose it is (decision 74); its uid.
+/// Reads the derived namespace of `cluster` fresh and says whose it is
+/// (decision 0074-cluster-namespaces-provably-the-hubs); its uid.
 pub(super) async fn namespace_ownership(
     ctx: &Ctx,
     cluster: &Cluster,

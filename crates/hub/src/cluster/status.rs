@@ -153,8 +153,9 @@ pub fn cluster_status(
     (status, recheck)
 }
 
-/// The status of a Cluster whose namespace is not the hub's own (decision 74): no namespace
-/// named, not Ready with reason `NamespaceNotOwned`; the agent's field kept. Pure.
+/// The status of a Cluster whose namespace is not the hub's own
+/// (decision 0074-cluster-namespaces-provably-the-hubs): no namespace named, not Ready with reason
+/// `NamespaceNotOwned`; the agent's field kept. Pure.
 pub fn not_owned_status(
     existing: Option<&ClusterStatus>,
     namespace: &str,

@@ -2,9 +2,9 @@
 //! with its own client as the agent's hub client and a client built from the Secret's
 //! kubeconfig as the downstream one. One code path, two ways to reach a cluster.
 //!
-//! This library does not link the agent (decision 0084): whoever embeds the hub hands it a
-//! [`PushRunner`] in [`PushConfig::runner`] — the `tender-hub` binary's runs `tender_agent::run`
-//! — and the hub calls it with the [`PushAgent`] it decided on.
+//! This library does not link the agent (decision 0084-hub-library-without-the-agent): whoever
+//! embeds the hub hands it a [`PushRunner`] in [`PushConfig::runner`] — the `tender-hub` binary's
+//! runs `tender_agent::run` — and the hub calls it with the [`PushAgent`] it decided on.
 //!
 //! The Cluster reconciler drives it: it observes the Secret's metadata in the source cache,
 //! [`step`] (pure) decides whether the running task still matches, and [`Push::ensure`]
@@ -509,7 +509,8 @@ mod tests {
 
     #[test]
     fn the_hub_library_does_not_depend_on_the_agent() {
-        // Decision 0084: the agent reaches the hub only through `PushRunner`.
+        // Decision 0084-hub-library-without-the-agent: the agent reaches the hub only through
+        // `PushRunner`.
         let manifest = include_str!("../../Cargo.toml");
         let deps = manifest
             .split("[dependencies]")

@@ -72,7 +72,7 @@ pub(crate) async fn reconcile(
         let mut place_labels =
             tender_types::upstream::placeholder_labels(&bundle_ns, &name, cluster);
         if let Some(id) = &ctx.config.shard_id {
-            // In this replica's caches of the cluster namespace (decision 62).
+            // In this replica's caches of the cluster namespace (decision 0062-hub-shards).
             place_labels.insert(labels::SHARD.into(), id.clone());
         }
         let bd_owner = bd_owner(&bd);
@@ -290,7 +290,8 @@ fn stale_placeholders(ctx: &Ctx, cns: &str, bundle: &str, entries: &[Entry]) -> 
 
 /// The agent's Role/RoleBinding for this Bundle's placeholders in `cns`: applied when they
 /// differ from what this process last applied, deleted when no entry is left. Push clusters
-/// get the Role but no binding (decision 36: a leftover pull agent cannot act).
+/// get the Role but no binding (decision 0036-push-clusters-no-agent-rolebindings: a leftover pull
+/// agent cannot act).
 async fn write_access(
     ctx: &Ctx,
     cns: &str,
