@@ -281,7 +281,8 @@ async fn hooks_run_in_their_phases_on_install_upgrade_failure_and_removal() {
     )
     .await;
     finish(&jobs, "rel-cleanup", true).await;
-    eventually("everything removed after pre-delete", WAIT, || async {
+    // Longer than one 30 s retry of a removal step that met a transient error.
+    eventually("everything removed after pre-delete", 2 * WAIT, || async {
         let left = (
             app_value(&cms).await.is_some(),
             jobs.get_opt("rel-notify").await?.is_some(),

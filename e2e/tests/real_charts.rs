@@ -426,7 +426,8 @@ fn kyverno_helmop(charts: &RealCharts, name: &str, ns: &str, release: &str) -> V
 }
 
 #[tokio::test]
-async fn kyverno_by_a_helmop_runs_its_pre_delete_hooks_before_anything_is_deleted() {
+async fn kyverno_by_a_helmop_upgrades_with_its_post_upgrade_hooks_and_runs_its_pre_delete_hooks_before_anything_is_deleted()
+ {
     let charts = &charts().await;
     let ws = Workspace::new(shared_env(1).await, "kyverno").await;
     let agent = helm_agent(&ws, "east").await;
@@ -478,6 +479,45 @@ async fn kyverno_by_a_helmop_runs_its_pre_delete_hooks_before_anything_is_delete
         start,
         &[Step::Written("the chart's objects", ordinary(&objs))],
     );
+
+    // Upgrade: a changed value; Kyverno's post-upgrade hooks (its resource migration and
+    // report clean-up Jobs) run after the changed objects, as a new release revision.
+    let values = json!({"admissionController": {"replicas": 2}});
+    let upgrade = charts
+        .template("kyverno", release, &ns, &values, true)
+        .unwrap();
+    let post_upgrade = hook_phase(&upgrade, "post-upgrade");
+    assert!(
+        !post_upgrade.is_empty(),
+        "Kyverno renders post-upgrade hooks"
+    );
+    let before = ws
+        .bds("east")
+        .get("kyverno")
+        .await
+        .unwrap()
+        .spec
+        .deployment_id;
+    let up_start = recorder.last_rv();
+    let mut op = kyverno_helmop(charts, "kyverno", &ns, release);
+    op["spec"]["helm"]["values"] = values;
+    helmops
+        .patch("kyverno", &PatchParams::apply("e2e"), &Patch::Apply(op))
+        .await
+        .unwrap();
+    eventually("the upgrade's BundleDeployment", ROLLOUT, || async {
+        let bd = ws.bds("east").get("kyverno").await?;
+        Ok::<_, kube::Error>((bd.spec.deployment_id != before).then_some(()))
+    })
+    .await;
+    rolled_out(&ws, "east", "kyverno").await;
+    assert_order(
+        "upgrade",
+        &recorder,
+        up_start,
+        &[Step::Hooks("post-upgrade", post_upgrade)],
+    );
+
     let vwcs: Api<DynamicObject> = Api::all_with(
         down.clone(),
         &kube::api::ApiResource::erase::<

@@ -307,14 +307,30 @@ async fn read_downstream(
     })
 }
 
-/// `group/version` of every API the downstream cluster serves, for `--api-versions`
-/// (empty when discovery fails: helm then uses its built-in defaults).
+/// What the downstream cluster serves, for `--api-versions`: every `group/version` and every
+/// `group/version/Kind`, as Helm's own `.Capabilities.APIVersions` holds them (charts ask
+/// `Has "policy/v1/PodDisruptionBudget"`); only `v1` when discovery fails (helm then uses its
+/// built-in defaults).
 async fn api_versions(down: &Downstream) -> Vec<String> {
     let mut out = vec!["v1".to_string()];
-    if let Ok(groups) = down.client.list_api_groups().await {
-        for g in groups.groups {
-            out.extend(g.versions.into_iter().map(|v| v.group_version));
+    if let Ok(found) = kube::discovery::Discovery::new(down.client.clone())
+        .run()
+        .await
+    {
+        for group in found.groups() {
+            for version in group.versions() {
+                let gv = match group.name() {
+                    "" => version.to_string(),
+                    name => format!("{name}/{version}"),
+                };
+                for (resource, _) in group.versioned_resources(version) {
+                    out.push(format!("{gv}/{}", resource.kind));
+                }
+                out.push(gv);
+            }
         }
     }
+    out.sort();
+    out.dedup();
     out
 }
