@@ -38,6 +38,17 @@ pub(crate) async fn before_finalize(
         return Ok(None);
     }
     let owner = Owner::new(&ctx.config.cluster_namespace, &bd.name_any());
+    // Only a release that was installed is uninstalled with its hooks. Without an inventory
+    // recording one, there is none — or this removal is already done and this is a late
+    // event of the BundleDeployment (its finalizer just removed): starting the hooks again
+    // would leave them behind.
+    if ctx
+        .read_inventory(&owner)
+        .await?
+        .is_none_or(|r| r.chart_release.is_none())
+    {
+        return Ok(None);
+    }
     let writer = ctx
         .identities
         .cleanup_writer(bd.spec.options.service_account.as_deref());
