@@ -184,13 +184,7 @@ async fn removal_hooks(
             take_ownership: false,
         },
         run: &bd.spec.deployment_id,
-        hook_timeout: bd
-            .spec
-            .helm
-            .as_ref()
-            .and_then(|h| h.timeout_seconds)
-            .map(|s| std::time::Duration::from_secs(u64::from(s)))
-            .unwrap_or(std::time::Duration::from_secs(300)),
+        hook_timeout: observe::hook_timeout(bd),
         failed_hooks: &plan::failed_hooks(bd.status.as_ref(), &bd.spec.deployment_id),
     };
     let phase = plan::PlannedPhase {

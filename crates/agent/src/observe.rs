@@ -21,6 +21,16 @@ use crate::{Result, downstream};
 /// Default bound on a hook (Helm's `--timeout` default).
 const DEFAULT_HOOK_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How long one of `bd`'s hooks may run: the chart's `timeoutSeconds`, else Helm's default.
+pub(crate) fn hook_timeout(bd: &BundleDeployment) -> Duration {
+    bd.spec
+        .helm
+        .as_ref()
+        .and_then(|h| h.timeout_seconds)
+        .map(|s| Duration::from_secs(u64::from(s)))
+        .unwrap_or(DEFAULT_HOOK_TIMEOUT)
+}
+
 /// What one observation found.
 pub(crate) struct Observation {
     /// The plan's inputs.
@@ -153,12 +163,7 @@ pub(crate) async fn observe(
             }
         }
     }
-    let hook_timeout = spec
-        .helm
-        .as_ref()
-        .and_then(|h| h.timeout_seconds)
-        .map(|s| Duration::from_secs(u64::from(s)))
-        .unwrap_or(DEFAULT_HOOK_TIMEOUT);
+    let hook_timeout = hook_timeout(bd);
     Ok(Observation {
         input: plan::Observed {
             pending,

@@ -100,7 +100,7 @@ pub struct HelmOptions {
     #[serde(default)]
     pub take_ownership: bool,
 
-    /// Upper bound in seconds for fetching and rendering the chart (default 120).
+    /// Upper bound in seconds for fetching and rendering the chart (default 120), and for each Helm hook Job or Pod to finish (default 300, as Helm).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 3600))]
     pub timeout_seconds: Option<u32>,
