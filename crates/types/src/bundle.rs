@@ -109,6 +109,10 @@ pub struct BundleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 3, max = 317), regex(pattern = SERVICE_ACCOUNT_PATTERN))]
     pub service_account: Option<String>,
+
+    /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<crate::diff::DiffOptions>,
 }
 
 /// `<namespace>/<name>`: a DNS label, a slash and a DNS subdomain.

@@ -164,6 +164,10 @@ pub struct BundleDeploymentOptions {
     /// The Bundle's `serviceAccount` (`<namespace>/<name>`): the downstream ServiceAccount the agent impersonates to apply this deployment; unset means the agent's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+
+    /// The Bundle's `diff`: fields of deployed objects the agent neither applies nor judges as drift.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<crate::diff::DiffOptions>,
 }
 
 /// A source copied to the cluster namespace on the hub, and where it goes downstream.

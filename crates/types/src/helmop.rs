@@ -123,6 +123,10 @@ pub struct HelmOpSpec {
     /// Stop rolling out changes; what is already deployed stays.
     #[serde(default)]
     pub paused: bool,
+
+    /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff: Option<crate::diff::DiffOptions>,
 }
 
 impl HelmOpSpec {
@@ -155,6 +159,7 @@ impl HelmOpSpec {
             keep_resources: self.keep_resources,
             correct_drift: self.correct_drift.clone(),
             paused: self.paused,
+            diff: self.diff.clone(),
             ..BundleSpec::default()
         }
     }
@@ -250,11 +255,6 @@ const FLEET_ONLY_SPEC: &[Unsupported] = &[
         "forceSyncGeneration",
         "integer",
         "not needed: any change of spec or of a copied source redeploys",
-    ),
-    Unsupported::present(
-        "diff",
-        "object",
-        "drift is judged on the fields tender sets",
     ),
     Unsupported::present("ignore", "object", "conditions cannot be ignored"),
     Unsupported::when_true(

@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod cluster_group;
 pub mod conditions;
 pub mod copy;
+pub mod diff;
 pub mod digest;
 pub mod gate;
 pub mod hash;
@@ -38,6 +39,7 @@ pub use cluster::{
     KubeconfigSecretRef,
 };
 pub use cluster_group::{ClusterGroup, ClusterGroupDisplay, ClusterGroupSpec, ClusterGroupStatus};
+pub use diff::{ComparePatch, DiffOptions, PatchOperation};
 pub use helm::{HelmOptions, KeyRef, Values, ValuesFrom};
 pub use helmop::{HelmOp, HelmOpSpec, HelmOpStatus};
 pub use upstream::{UpstreamObjectStatus, UpstreamPublication, UpstreamResource, UpstreamState};

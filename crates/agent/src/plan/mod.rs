@@ -309,6 +309,10 @@ pub fn manifest(
         }
     }
     body.as_object_mut().expect("object").remove("status");
+    // Fields another manager owns (`diff.comparePatches`): neither applied nor compared.
+    if let Some(diff) = &options.diff {
+        tender_types::diff::strip_compare_patches(&mut body, &diff.compare_patches);
+    }
     // `helm.sh/resource-policy: keep` is never deleted (Helm's rule): kept like keepResources.
     let keep = options.keep_resources || crate::hooks::is_kept(&manifest.0);
     Ok(Desired::seal(

@@ -233,3 +233,41 @@ fn a_manifest_with_empty_labels_or_annotations_still_gets_ownership() {
     assert_eq!(meta["labels"][labels::MANAGED_BY], "tender");
     assert_eq!(meta["annotations"][labels::CONTENT_HASH], d.hash.as_str());
 }
+
+#[test]
+fn compare_patches_are_neither_applied_nor_judged() {
+    let m = Manifest(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 2, "paused": false}
+    }));
+    let mut o = opts(Some("apps"));
+    o.diff = Some(
+        serde_json::from_value(json!({"comparePatches": [{
+            "apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "namespace": "apps",
+            "operations": [{"op": "remove", "path": "/spec/replicas"}]
+        }]}))
+        .unwrap(),
+    );
+    let d = manifest(&m, true, &o, &owner()).unwrap();
+    assert!(d.body["spec"].get("replicas").is_none(), "not applied");
+    assert_eq!(d.body["spec"]["paused"], false);
+    let mut live = as_existing(&d);
+    live["spec"]["replicas"] = json!(7);
+    assert!(
+        object::in_sync(&d, &live),
+        "another manager's replicas are not drift"
+    );
+    live["spec"]["paused"] = json!(true);
+    assert!(!object::in_sync(&d, &live), "the other fields still are");
+
+    // The entry names the namespace the object is deployed to: elsewhere it is applied whole.
+    let elsewhere = manifest(&m, true, &opts(Some("other")), &owner()).unwrap();
+    assert_eq!(elsewhere.body["spec"]["replicas"], 2);
+    let mut o2 = opts(Some("other"));
+    o2.diff = o.diff.clone();
+    assert_eq!(
+        manifest(&m, true, &o2, &owner()).unwrap().body["spec"]["replicas"],
+        2
+    );
+}
