@@ -136,6 +136,8 @@ pub(crate) struct Ctx {
     pub shard_exec: Option<Executor>,
     /// Clusters (uid, shard label) already warned about a shard id no replica can have.
     pub invalid_shards: Mutex<std::collections::HashSet<(String, String)>>,
+    /// `pollingInterval`: the looks at chart repositories, one per interval per chart.
+    pub poller: crate::helm_poll::Poller,
 }
 
 /// (cluster ns, placeholder) → (resourceVersion judged, content hash or why refused).

@@ -21,6 +21,7 @@ mod caches;
 pub mod cluster;
 mod context;
 pub mod group;
+pub mod helm_poll;
 pub mod helmop;
 pub mod push;
 mod slim;

@@ -135,6 +135,7 @@ fn scope_controllers(
         summary_due: Mutex::default(),
         shard_exec,
         invalid_shards: Mutex::default(),
+        poller: crate::helm_poll::Poller::new(),
     });
     let (feeds, inputs) = feeds(&ctx, events);
 

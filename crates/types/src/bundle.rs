@@ -110,10 +110,21 @@ pub struct BundleSpec {
     #[schemars(length(min = 3, max = 317), regex(pattern = SERVICE_ACCOUNT_PATTERN))]
     pub service_account: Option<String>,
 
+    /// With a `helm` chart whose version is a range (or empty: the latest stable), how often the hub looks for a newer matching version in the repository's index or the registry's tags (a Go duration, at least 15s). The hub records it in `status.version` and deploys that exact version to every cluster. An exact version is never polled. See docs/helm.md#polling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = POLLING_INTERVAL_PATTERN), extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('15s')",
+        "message": "pollingInterval must be at least 15s"
+    }]))]
+    pub polling_interval: Option<String>,
+
     /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<crate::diff::DiffOptions>,
 }
+
+/// A Go duration (`30s`, `5m`, `1h30m`).
+pub(crate) const POLLING_INTERVAL_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$";
 
 /// `<namespace>/<name>`: a DNS label, a slash and a DNS subdomain.
 const SERVICE_ACCOUNT_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
@@ -354,6 +365,10 @@ pub struct BundleStatus {
     /// Reverse sync: which cluster published which upstreamResources entry, and how fresh it is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub upstream: Vec<crate::upstream::UpstreamPublication>,
+
+    /// With `pollingInterval`: the chart version the hub last resolved `helm.version` to, and deploys everywhere (kept while a poll fails). The `Polled` condition says from where and when it last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 
     /// Sharded hubs: one entry per shard replica (`--shard-id`), each written by that replica
     /// alone; the unsharded replica folds them into `summary` and the conditions.

@@ -20,10 +20,15 @@ pub const TYPE_CLUSTER_CONNECTED: &str = "ClusterConnected";
 /// Condition reasons.
 /// Bundle: whether every targeted cluster published every `upstreamResources` entry.
 pub const TYPE_UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
+/// A Bundle or HelmOp with `pollingInterval`: whether the hub's last look at the chart
+/// repository found a version for `helm.version` (which one, from where).
+pub const TYPE_POLLED: &str = "Polled";
 
 pub mod reason {
     /// Every upstream entry is published by every targeted cluster.
     pub const UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
+    /// `Polled=True`: the hub resolved `helm.version` against the repository.
+    pub const VERSION_RESOLVED: &str = "VersionResolved";
     /// Some entry has not been reported by its cluster's agent yet.
     pub const UPSTREAM_PENDING: &str = "UpstreamPending";
     /// Some downstream object does not exist (its publication was removed).

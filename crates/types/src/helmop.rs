@@ -124,6 +124,14 @@ pub struct HelmOpSpec {
     #[serde(default)]
     pub paused: bool,
 
+    /// How often the hub looks for a newer chart version matching `helm.version` (a range, or empty: the latest stable) and rolls it out: a Go duration, at least 15s. An exact version is never polled. The version found is in `status.version`. See docs/helm.md#polling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 2, max = 32), regex(pattern = crate::bundle::POLLING_INTERVAL_PATTERN), extend("x-kubernetes-validations" = [{
+        "rule": "duration(self) >= duration('15s')",
+        "message": "pollingInterval must be at least 15s"
+    }]))]
+    pub polling_interval: Option<String>,
+
     /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<crate::diff::DiffOptions>,
@@ -160,6 +168,7 @@ impl HelmOpSpec {
             correct_drift: self.correct_drift.clone(),
             paused: self.paused,
             diff: self.diff.clone(),
+            polling_interval: self.polling_interval.clone(),
             ..BundleSpec::default()
         }
     }
@@ -198,6 +207,10 @@ pub struct HelmOpStatus {
     /// Short strings for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub display: Option<BundleDisplay>,
+
+    /// With `pollingInterval`: the chart version the hub resolved `helm.version` to and deploys (the Bundle's `status.version`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// Label keys and values as the apiserver accepts them on the Bundle (checked at admission,
@@ -221,11 +234,6 @@ fn bundle_labels_schema(_: &mut SchemaGenerator) -> Schema {
 /// Fleet's HelmOp fields tender does not implement, refused at admission with the reason.
 /// Structural pruning would otherwise drop them silently.
 const FLEET_ONLY_SPEC: &[Unsupported] = &[
-    Unsupported::present(
-        "pollingInterval",
-        "string",
-        "the agent resolves helm.version when it renders; tender does not poll the repository",
-    ),
     Unsupported::when_true(
         "insecureSkipTLSVerify",
         "TLS to the chart repository is always verified",
@@ -450,7 +458,6 @@ mod tests {
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let text = spec.to_string();
         for needle in [
-            "spec.pollingInterval is not supported by tender",
             "spec.helm.atomic: true is not supported by tender",
             "spec.targets[].doNotDeploy: true is not supported by tender",
             "spec.correctDrift.force: true is not supported by tender",
@@ -458,10 +465,6 @@ mod tests {
         ] {
             assert!(text.contains(needle), "{needle}");
         }
-        assert_eq!(
-            spec["properties"]["pollingInterval"]["type"],
-            json!("string")
-        );
         assert_eq!(
             spec["properties"]["helm"]["properties"]["valuesFiles"]["type"],
             json!("array")

@@ -6,6 +6,7 @@
 
 pub mod bundle;
 pub mod bundle_deployment;
+pub mod chart_version;
 pub mod cluster;
 pub mod cluster_group;
 pub mod conditions;

@@ -2,7 +2,6 @@
 //! range), download with basic auth into the chart cache; every response bounded in size and
 //! redirects kept on the repository's origin (decision 0076-bounded-chart-sources).
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use base64::Engine;
@@ -12,9 +11,9 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tender_types::HelmOptions;
+pub use tender_types::chart_version::{ChartEntry, select_version};
 use tender_types::conditions::reason;
 
 use super::ChartFailure;
@@ -25,78 +24,6 @@ use crate::config::ChartLimits;
 const MAX_REDIRECTS: usize = 5;
 /// Sent with every request, so a registry's log names the agent.
 const USER_AGENT: &str = concat!("tender-agent/", env!("CARGO_PKG_VERSION"));
-
-/// One version of a chart in a repository's `index.yaml`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
-pub struct ChartEntry {
-    /// The chart version.
-    #[serde(default)]
-    pub version: String,
-    /// Where the archive is (absolute, or relative to the repository URL).
-    #[serde(default)]
-    pub urls: Vec<String>,
-    /// sha256 of the archive, hex.
-    #[serde(default)]
-    pub digest: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Index {
-    #[serde(default)]
-    entries: BTreeMap<String, Vec<ChartEntry>>,
-}
-
-/// The entry of `versions` that `constraint` selects: an exact version, else the highest
-/// version a semver range accepts (Helm's syntax: `^1.2`, `~1.2`, `>=1 <2`, `1.x`; empty:
-/// the highest stable version).
-pub fn select_version<'a>(
-    versions: &'a [ChartEntry],
-    constraint: Option<&str>,
-) -> Result<&'a ChartEntry, String> {
-    let constraint = constraint.map(str::trim).filter(|c| !c.is_empty());
-    if let Some(c) = constraint
-        && let Some(exact) = versions
-            .iter()
-            .find(|e| e.version == c || e.version.strip_prefix('v') == Some(c))
-    {
-        return Ok(exact);
-    }
-    let req = match constraint {
-        None => semver::VersionReq::STAR,
-        Some(c) => semver::VersionReq::parse(&helm_range(c))
-            .map_err(|e| format!("version {c:?} is neither a version nor a range: {e}"))?,
-    };
-    versions
-        .iter()
-        .filter_map(|e| {
-            let v = semver::Version::parse(e.version.trim_start_matches('v')).ok()?;
-            req.matches(&v).then_some((v, e))
-        })
-        .max_by(|a, b| a.0.cmp(&b.0))
-        .map(|(_, e)| e)
-        .ok_or_else(|| match constraint {
-            Some(c) => format!("no version matches {c:?}"),
-            None => "no stable version".to_string(),
-        })
-}
-
-/// Helm (Masterminds) range syntax → the `semver` crate's: comparators separated by spaces
-/// become comma-separated.
-fn helm_range(c: &str) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    for tok in c.split_whitespace() {
-        let tok = tok.trim_end_matches(',');
-        // `>= 1.0` (operator alone) joins the next token.
-        if let Some(last) = parts.last_mut()
-            && last.chars().all(|ch| "<>=~^!".contains(ch))
-        {
-            last.push_str(tok);
-            continue;
-        }
-        parts.push(tok.to_string());
-    }
-    parts.join(", ")
-}
 
 /// Resolves a chart URL from the index against the repository URL.
 fn absolute(repo: &str, url: &str) -> String {
@@ -373,13 +300,13 @@ impl Http {
         );
         let body = self.get(&index_url, repo, auth, budget).await?;
         let text = String::from_utf8_lossy(&body);
-        let index: Index = serde_saphyr::from_str(&text).map_err(|_| {
+        let index = tender_types::chart_version::parse_index(&text).map_err(|_| {
             ChartFailure::new(
                 reason::CHART_REPOSITORY_UNREACHABLE,
                 format!("{index_url} is not a chart repository index"),
             )
         })?;
-        let versions = index.entries.get(&helm.chart).ok_or_else(|| {
+        let versions = index.get(&helm.chart).ok_or_else(|| {
             ChartFailure::new(
                 reason::CHART_VERSION_NOT_FOUND,
                 format!("chart {:?} is not in {index_url}", helm.chart),
@@ -464,42 +391,6 @@ fn connect_error(e: &hyper_util::client::legacy::Error) -> String {
 mod tests {
     use super::*;
 
-    fn entries(versions: &[&str]) -> Vec<ChartEntry> {
-        versions
-            .iter()
-            .map(|v| ChartEntry {
-                version: v.to_string(),
-                urls: vec![format!("app-{v}.tgz")],
-                digest: None,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn exact_versions_and_ranges() {
-        let e = entries(&["1.0.0", "1.2.0", "1.10.1", "2.0.0", "2.1.0-rc.1"]);
-        let pick = |c: Option<&str>| select_version(&e, c).map(|e| e.version.as_str());
-        assert_eq!(pick(Some("1.2.0")), Ok("1.2.0"));
-        assert_eq!(pick(None), Ok("2.0.0"), "latest stable");
-        assert_eq!(pick(Some("")), Ok("2.0.0"));
-        assert_eq!(pick(Some("^1.0")), Ok("1.10.1"));
-        assert_eq!(pick(Some("~1.2")), Ok("1.2.0"));
-        assert_eq!(pick(Some(">=1.0.0 <1.5.0")), Ok("1.2.0"));
-        assert_eq!(pick(Some(">= 1.0.0, < 2")), Ok("1.10.1"));
-        assert_eq!(pick(Some("1.x")), Ok("1.10.1"));
-        assert_eq!(
-            pick(Some("2.1.0-rc.1")),
-            Ok("2.1.0-rc.1"),
-            "exact prerelease"
-        );
-        assert!(
-            pick(Some("3.0.0"))
-                .unwrap_err()
-                .contains("no version matches")
-        );
-        assert!(pick(Some("not a range")).is_err());
-    }
-
     #[test]
     fn urls_resolve_against_the_repository() {
         assert_eq!(
@@ -558,13 +449,5 @@ mod tests {
         assert!(!ok(gh, "http://169.254.169.254/", Redirects::AnyHttps));
         assert_eq!(host("https://[::1]:5000"), "[::1]");
         assert_eq!(host("https://r.example:443"), "r.example");
-    }
-
-    #[test]
-    fn the_index_parses() {
-        let text = "apiVersion: v1\nentries:\n  app:\n  - name: app\n    version: 0.1.0\n    \
-            digest: abc\n    urls:\n    - app-0.1.0.tgz\ngenerated: \"2026-01-01T00:00:00Z\"\n";
-        let index: Index = serde_saphyr::from_str(text).unwrap();
-        assert_eq!(index.entries["app"][0].urls, ["app-0.1.0.tgz"]);
     }
 }

@@ -13,13 +13,12 @@ use http::{StatusCode, header};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tender_types::HelmOptions;
+pub use tender_types::chart_version::{is_exact, select_tag, version_tag};
 use tender_types::conditions::reason;
 
 use super::ChartFailure;
 use super::cache::Cache;
-use super::fetch::{
-    Budget, ChartEntry, Http, Redirects, Reply, auth_hint, basic_auth, origin, select_version,
-};
+use super::fetch::{Budget, Http, Redirects, Reply, auth_hint, basic_auth, origin};
 use crate::config::ChartLimits;
 
 /// The manifest media type Helm pushes.
@@ -53,30 +52,6 @@ pub fn parse_reference(chart: &str) -> Result<OciRef, String> {
         host: host.to_string(),
         repository: repository.trim_end_matches('/').to_string(),
     })
-}
-
-/// The tag of a chart version: OCI tags cannot hold `+`, so Helm stores it as `_`.
-pub fn version_tag(version: &str) -> String {
-    version.replace('+', "_")
-}
-
-/// The tag to pull for `constraint` among `tags`: an exact version's tag, else the highest
-/// version a range accepts (tags that are no version are ignored; `_` reads as `+`).
-pub fn select_tag(tags: &[String], constraint: Option<&str>) -> Result<String, String> {
-    let entries: Vec<ChartEntry> = tags
-        .iter()
-        .map(|t| ChartEntry {
-            version: t.replace('_', "+"),
-            urls: vec![t.clone()],
-            digest: None,
-        })
-        .collect();
-    select_version(&entries, constraint).map(|e| e.urls[0].clone())
-}
-
-/// Whether `version` names one version (no range): its tag can be fetched without listing.
-fn is_exact(version: &str) -> bool {
-    semver::Version::parse(version.trim_start_matches('v')).is_ok()
 }
 
 /// A `WWW-Authenticate` challenge the agent can answer.

@@ -9,6 +9,7 @@ mod events;
 mod observe;
 mod ops;
 pub mod plan;
+mod poll;
 mod shards;
 pub mod status;
 
@@ -114,6 +115,10 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
         sources.insert(key.clone(), state);
     }
 
+    // `pollingInterval`: the chart version to deploy, looked up at most once per interval.
+    let polled = poll::look(ctx, bundle, &sources).await;
+    let spec = poll::resolved_spec(&bundle.spec, polled.as_ref().map(|p| &p.0));
+
     // Targeting is unchanged, over this replica's Clusters only (decision 0062-hub-shards).
     // Where a cluster's BundleDeployment goes is the namespace the hub created for it, never
     // what the Cluster's status (which its agent may write) says
@@ -143,19 +148,13 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
 
     let mut facts = BundleFacts {
         paused: bundle.spec.paused,
+        polled: polled.as_ref().map(|p| p.0.clone()),
         ..Default::default()
     };
     let (mut created, mut updated, mut copies, mut deleted) = (0, 0, 0, 0);
     let started = Instant::now();
     let mut upstream = None;
-    match plan::plan(
-        &name,
-        &bundle.spec,
-        &views,
-        &group_infos,
-        &sources,
-        &copying,
-    ) {
+    match plan::plan(&name, &spec, &views, &group_infos, &sources, &copying) {
         // Never untarget on a selector we cannot evaluate: leave everything as it is.
         Err(error) => facts.targeting_error = Some(error.to_string()),
         Ok(mut plan) => {
@@ -260,7 +259,8 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
         .execute_in_order(events::fanout_events(&reference, created, deleted))
         .await?;
     write_status(bundle, ctx, &facts, upstream).await?;
-    Ok(Action::await_change())
+    // A polling Bundle comes back for its next look (jittered); any other waits for a change.
+    Ok(polled.map_or_else(Action::await_change, |(_, after)| Action::requeue(after)))
 }
 
 async fn write_status(

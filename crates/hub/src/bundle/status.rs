@@ -85,6 +85,8 @@ pub struct BundleFacts {
     pub paused: bool,
     /// BundleDeployments of matched clusters by state.
     pub summary: BundleSummary,
+    /// With `pollingInterval`: the last look at the chart repository.
+    pub polled: Option<crate::helm_poll::PollReport>,
 }
 
 /// The Bundle status for `facts`, starting from `existing` so condition transition times are
@@ -215,8 +217,9 @@ pub fn bundle_status(
         ready_reason,
         &message,
         generation,
-        now,
+        now.clone(),
     );
+    crate::helm_poll::set_status(&mut status, facts.polled.as_ref(), generation, now);
     status.summary = Some(s.clone());
     status.display = Some(BundleDisplay {
         ready_clusters: ready_count,

@@ -159,6 +159,7 @@ pub fn helmop_status(helmop: &HelmOp, live: Option<&Bundle>, now: Time) -> Optio
                     ready_clusters: String::new(),
                     state: reason::BUNDLE_CONFLICT.to_string(),
                 }),
+                version: None,
             })
         }
         Owner::Ours(b)
@@ -179,6 +180,7 @@ pub fn helmop_status(helmop: &HelmOp, live: Option<&Bundle>, now: Time) -> Optio
                     .collect(),
                 summary: s.summary,
                 display: s.display,
+                version: s.version,
             })
         }
         _ => None,

@@ -1,0 +1,170 @@
+//! Chart versions that move (`pollingInterval`): a HelmOp with a version range on two real
+//! clusters follows a version published to its chart repository (loopback, basic auth), the
+//! hub recording it in `status.version` and the `Polled` condition; looks that find nothing new
+//! write nothing; a repository that goes away leaves the version deployed and says so.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use tender_e2e::charts::{ChartRepo, package_app_chart, run_helm};
+use tender_e2e::fixture::{Agent, Workspace, settled, stays};
+use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
+use tender_types::conditions::{TYPE_POLLED, find_condition, reason};
+use tender_types::{BundleDeployment, HelmOp};
+
+const USER: &str = "chart-reader";
+const PASSWORD: &str = "poll-pass-456";
+/// The CRD's floor, so the test waits as a user would.
+const INTERVAL: &str = "15s";
+/// One interval, its jitter and a reconcile.
+const LOOK: Duration = Duration::from_secs(45);
+
+async fn helm_agent(ws: &Workspace, cluster: &str, n: usize) -> Agent {
+    let helm: PathBuf = ensure_helm().expect("building helm");
+    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
+    ws.agent_configured(cluster, &downstream_name(n), |c| {
+        c.helm_path = helm;
+        c.chart_cache_dir = cache;
+    })
+    .await
+}
+
+async fn config_version(api: &Api<ConfigMap>) -> Option<String> {
+    api.get_opt("web-config")
+        .await
+        .ok()
+        .flatten()
+        .and_then(|c| c.data.and_then(|d| d.get("version").cloned()))
+}
+
+async fn rendered_everywhere(apis: &[Api<ConfigMap>], version: &str) {
+    for api in apis {
+        eventually(
+            &format!("web-config rendered from {version}"),
+            LOOK,
+            || async {
+                Ok::<_, kube::Error>(
+                    (config_version(api).await.as_deref() == Some(version)).then_some(()),
+                )
+            },
+        )
+        .await;
+    }
+}
+
+/// The HelmOp once its status says `version` with `Polled` = `ok`.
+async fn polled(ws: &Workspace, version: &str, ok: bool) -> HelmOp {
+    let api: Api<HelmOp> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    eventually(
+        &format!("HelmOp status.version {version}, Polled {ok}"),
+        LOOK,
+        || async {
+            let h = api.get("web").await?;
+            let done = h.status.as_ref().is_some_and(|s| {
+                s.version.as_deref() == Some(version)
+                    && find_condition(&s.conditions, TYPE_POLLED)
+                        .is_some_and(|c| (c.status == "True") == ok)
+            });
+            Ok::<_, kube::Error>(done.then_some(h))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_version_range_follows_the_repository_and_survives_its_loss() {
+    let repo = ChartRepo::start(&["0.1.0"], USER, PASSWORD)
+        .await
+        .expect("starting the chart repository");
+    let ws = Workspace::new(shared_env(2).await, "helm-polling").await;
+    let (_east, _west) = (
+        helm_agent(&ws, "east", 1).await,
+        helm_agent(&ws, "west", 2).await,
+    );
+    let ns = unique_name("polled-app");
+    let mut cms = Vec::new();
+    for n in [1, 2] {
+        let down = ws.downstream(&downstream_name(n)).await;
+        cms.push(Api::<ConfigMap>::namespaced(down, &ns));
+    }
+    ws.source_secret("repo-auth", &[("username", USER), ("password", PASSWORD)])
+        .await;
+    let body = json!({
+        "apiVersion": "tender.dev/v1alpha1", "kind": "HelmOp",
+        "metadata": {"name": "web"},
+        "spec": {
+            "helm": {"releaseName": "web", "repo": repo.url, "chart": "app",
+                     "version": ">=0.1.0 <1.0.0", "values": {"greeting": "hi"}},
+            "helmSecretName": "repo-auth",
+            "pollingInterval": INTERVAL,
+            "namespace": ns,
+            "targets": [{"clusterName": "east"}, {"clusterName": "west"}]
+        }
+    });
+    Api::<HelmOp>::namespaced(ws.hub.clone(), &ws.ns)
+        .patch("web", &PatchParams::apply("e2e"), &Patch::Apply(&body))
+        .await
+        .unwrap();
+
+    rendered_everywhere(&cms, "0.1.0").await;
+    let h = polled(&ws, "0.1.0", true).await;
+    let c = find_condition(&h.status.as_ref().unwrap().conditions, TYPE_POLLED).unwrap();
+    assert_eq!(c.reason, reason::VERSION_RESOLVED);
+    assert!(c.message.contains("0.1.0"), "{}", c.message);
+    // Every cluster was handed the exact version, not the range.
+    for cluster in ["east", "west"] {
+        let bd: BundleDeployment = ws.bds(cluster).get("web").await.unwrap();
+        assert_eq!(
+            bd.spec.helm.unwrap().version.as_deref(),
+            Some("0.1.0"),
+            "{cluster}"
+        );
+    }
+
+    // Looks that find nothing new write nothing: across more than one interval.
+    let hub = ws.hub_instance();
+    let quiet = Duration::from_secs(2) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY;
+    let writes = settled("hub writes", quiet, || async { hub.writes() }).await;
+    stays(
+        "hub writes while the repository has nothing new",
+        Duration::from_secs(20),
+        &writes,
+        || async { hub.writes() },
+    )
+    .await;
+
+    // A new version in the repository rolls out everywhere.
+    let helm = ensure_helm().unwrap();
+    let work = std::env::temp_dir().join(unique_name("tender-chart-work"));
+    package_app_chart(&helm, &work, &repo.dir, "0.2.0").unwrap();
+    run_helm(&helm, &["repo", "index", repo.dir.to_str().unwrap()]).unwrap();
+    let h = polled(&ws, "0.2.0", true).await;
+    let c = find_condition(&h.status.as_ref().unwrap().conditions, TYPE_POLLED).unwrap();
+    assert!(c.message.contains("0.2.0"), "{}", c.message);
+    rendered_everywhere(&cms, "0.2.0").await;
+
+    // The repository goes away: 0.2.0 stays, and the HelmOp says why it cannot look.
+    drop(repo);
+    let h = polled(&ws, "0.2.0", false).await;
+    let c = find_condition(&h.status.as_ref().unwrap().conditions, TYPE_POLLED).unwrap();
+    assert_eq!(c.reason, reason::CHART_REPOSITORY_UNREACHABLE);
+    assert!(c.message.contains("0.2.0 stays deployed"), "{}", c.message);
+    assert!(!c.message.contains(PASSWORD));
+    stays(
+        "versions rendered while the repository is gone",
+        Duration::from_secs(5),
+        &vec![Some("0.2.0".to_string()); 2],
+        || async {
+            let mut v = Vec::new();
+            for api in &cms {
+                v.push(config_version(api).await);
+            }
+            v
+        },
+    )
+    .await;
+    let _ = std::fs::remove_dir_all(work);
+}
