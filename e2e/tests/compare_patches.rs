@@ -147,3 +147,23 @@ async fn replicas_owned_by_another_manager_are_left_alone() {
     })
     .await;
 }
+
+/// Only `remove` has a meaning: another operation is refused at admission, naming why.
+#[tokio::test]
+async fn an_operation_other_than_remove_is_refused() {
+    let ws = Workspace::new(shared_env(1).await, "compare-patches-bad").await;
+    let mut spec = web_bundle("apps", true);
+    spec["diff"]["comparePatches"][0]["operations"][0]["op"] = json!("replace");
+    let body = json!({
+        "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
+        "metadata": {"name": "web"}, "spec": spec
+    });
+    let err = Api::<tender_types::Bundle>::namespaced(ws.hub.clone(), &ws.ns)
+        .patch("web", &PatchParams::apply("e2e"), &Patch::Apply(&body))
+        .await
+        .expect_err("op replace");
+    assert!(
+        err.to_string().contains("operations[].op must be remove"),
+        "{err}"
+    );
+}

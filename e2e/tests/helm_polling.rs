@@ -11,9 +11,10 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tender_e2e::charts::{ChartRepo, package_app_chart, run_helm};
 use tender_e2e::fixture::{Agent, Workspace, settled, stays};
+use tender_e2e::oci_registry::{OciRegistry, RegistryAuth};
 use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
 use tender_types::conditions::{TYPE_POLLED, find_condition, reason};
-use tender_types::{BundleDeployment, HelmOp};
+use tender_types::{Bundle, BundleDeployment, HelmOp};
 
 const USER: &str = "chart-reader";
 const PASSWORD: &str = "poll-pass-456";
@@ -167,4 +168,82 @@ async fn a_version_range_follows_the_repository_and_survives_its_loss() {
     )
     .await;
     let _ = std::fs::remove_dir_all(work);
+}
+
+/// The Bundle form against an OCI registry with token auth: the hub lists the tags (Bearer
+/// token from the realm, with the copied credentials) and follows a pushed version.
+#[tokio::test]
+async fn a_bundle_polls_an_oci_registrys_tags() {
+    const REG_USER: &str = "chart-puller";
+    const REG_PASSWORD: &str = "reg-pass-789";
+    let reg = OciRegistry::start(RegistryAuth::Token, REG_USER, REG_PASSWORD)
+        .await
+        .expect("starting the OCI registry");
+    reg.push_app_chart("0.1.0").expect("pushing 0.1.0");
+    let ws = Workspace::new(shared_env(2).await, "helm-polling-oci").await;
+    let agent = helm_agent(&ws, "oci-east", 1).await;
+    let ns = unique_name("polled-oci");
+    let cms = Api::<ConfigMap>::namespaced(ws.downstream(&agent.downstream).await, &ns);
+    ws.source_secret(
+        "repo-auth",
+        &[("username", REG_USER), ("password", REG_PASSWORD)],
+    )
+    .await;
+    ws.bundle(
+        "web",
+        json!({
+            "targets": [{"clusterName": "oci-east"}],
+            "targetNamespace": ns,
+            "downstreamResources": [{"kind": "Secret", "name": "repo-auth"}],
+            "pollingInterval": INTERVAL,
+            "helm": {"chart": reg.chart(), "basicHTTP": true, "version": ">=0.1.0 <1.0.0",
+                     "releaseName": "web", "values": {"greeting": "hi"},
+                     "helmSecretName": "repo-auth"}
+        }),
+    )
+    .await;
+    let bundles: Api<Bundle> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    let version_is = |want: &'static str| {
+        let bundles = bundles.clone();
+        async move {
+            eventually(&format!("Bundle status.version {want}"), LOOK, || async {
+                let b = bundles.get("web").await?;
+                let s = b.status.unwrap_or_default();
+                let ok = s.version.as_deref() == Some(want)
+                    && find_condition(&s.conditions, TYPE_POLLED)
+                        .is_some_and(|c| c.status == "True");
+                Ok::<_, kube::Error>(ok.then_some(()))
+            })
+            .await;
+        }
+    };
+    version_is("0.1.0").await;
+    rendered_everywhere(std::slice::from_ref(&cms), "0.1.0").await;
+    reg.push_app_chart("0.2.0").expect("pushing 0.2.0");
+    version_is("0.2.0").await;
+    rendered_everywhere(std::slice::from_ref(&cms), "0.2.0").await;
+    let bd: BundleDeployment = ws.bds("oci-east").get("web").await.unwrap();
+    assert_eq!(bd.spec.helm.unwrap().version.as_deref(), Some("0.2.0"));
+}
+
+/// The apiserver refuses an interval under the floor, or one that is no duration, naming it.
+#[tokio::test]
+async fn a_too_short_or_malformed_interval_is_refused() {
+    let ws = Workspace::new(shared_env(2).await, "helm-polling-bad").await;
+    for (interval, says) in [
+        ("5s", "pollingInterval must be at least 15s"),
+        ("5 minutes", "spec.pollingInterval"),
+    ] {
+        let body = json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "HelmOp",
+            "metadata": {"name": "web"},
+            "spec": {"helm": {"repo": "https://charts.example.com", "chart": "app"},
+                     "pollingInterval": interval}
+        });
+        let err = Api::<HelmOp>::namespaced(ws.hub.clone(), &ws.ns)
+            .patch("web", &PatchParams::apply("e2e"), &Patch::Apply(&body))
+            .await
+            .expect_err(interval);
+        assert!(err.to_string().contains(says), "{interval}: {err}");
+    }
 }

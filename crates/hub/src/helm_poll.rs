@@ -349,7 +349,7 @@ impl Poller {
                     .unwrap_or_default()
                     .to_string();
                 auth = self
-                    .answer(&challenge, repository, credentials, &url)
+                    .answer(&challenge, repository, credentials, helm.basic_http)
                     .await?;
                 if auth.is_some() {
                     (status, body, headers) = self.send(&url, auth.as_deref(), false).await?;
@@ -387,7 +387,7 @@ impl Poller {
         challenge: &str,
         repository: &str,
         credentials: Option<&Credentials>,
-        url: &str,
+        basic_http: bool,
     ) -> Result<Option<String>, Failure> {
         let basic_auth = credentials.map(|c| basic(&c.username, &c.password));
         let lower = challenge.to_ascii_lowercase();
@@ -405,6 +405,9 @@ impl Poller {
         let Some(realm) = param("realm") else {
             return Ok(None);
         };
+        // Credentials go to a plain-HTTP token realm only with basicHTTP, as the agent's.
+        let basic_auth =
+            basic_auth.filter(|_| basic_http || realm.to_ascii_lowercase().starts_with("https://"));
         let mut token_url = format!(
             "{realm}?scope={}",
             form_escape(&format!("repository:{repository}:pull"))
@@ -415,7 +418,7 @@ impl Poller {
         // The token endpoint may be another origin than the registry: the credentials go
         // there only because the registry named it, as Helm and the agent do.
         let (status, body, _) = self.send(&token_url, basic_auth.as_deref(), true).await?;
-        check(status, url, credentials.is_some())?;
+        check(status, &without_userinfo(&realm), credentials.is_some())?;
         let token: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         Ok(token["token"]
             .as_str()
