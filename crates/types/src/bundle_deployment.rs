@@ -164,6 +164,10 @@ pub struct BundleDeploymentOptions {
     /// The Bundle's `serviceAccount` (`<namespace>/<name>`): the downstream ServiceAccount the agent impersonates to apply this deployment; unset means the agent's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,
+
+    /// The Bundle's `rolloutOnCopyChange`: workloads consuming a copied Secret or ConfigMap get the pod-template annotation `tender.dev/copies-hash` and must be rolled and available to be ready.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rollout_on_copy_change: bool,
 }
 
 /// A source copied to the cluster namespace on the hub, and where it goes downstream.

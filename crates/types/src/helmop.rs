@@ -123,6 +123,11 @@ pub struct HelmOpSpec {
     /// Stop rolling out changes; what is already deployed stays.
     #[serde(default)]
     pub paused: bool,
+
+    /// Bundles (or HelmOps, by name) of this namespace that must be in an accepted state on a cluster before the chart is deployed or changed there; passed to this HelmOp's Bundle. See docs/dependencies.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub depends_on: Vec<crate::BundleRef>,
 }
 
 impl HelmOpSpec {
@@ -155,6 +160,7 @@ impl HelmOpSpec {
             keep_resources: self.keep_resources,
             correct_drift: self.correct_drift.clone(),
             paused: self.paused,
+            depends_on: self.depends_on.clone(),
             ..BundleSpec::default()
         }
     }
@@ -229,11 +235,6 @@ const FLEET_ONLY_SPEC: &[Unsupported] = &[
         "rolloutStrategy",
         "object",
         "every targeted cluster gets the change at once",
-    ),
-    Unsupported::present(
-        "dependsOn",
-        "array",
-        "tender has no dependencies between Bundles",
     ),
     Unsupported::present(
         "targetCustomizationMode",

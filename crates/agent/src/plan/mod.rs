@@ -3,6 +3,7 @@
 //! metadata; and in [`object`], what to do about one object (the operations handed to the
 //! executor, see [`object_plan`]).
 
+pub mod consumers;
 mod object;
 mod phases;
 
@@ -309,6 +310,7 @@ pub fn manifest(
         }
     }
     body.as_object_mut().expect("object").remove("status");
+    consumers::annotate(&mut body, namespace, options);
     // `helm.sh/resource-policy: keep` is never deleted (Helm's rule): kept like keepResources.
     let keep = options.keep_resources || crate::hooks::is_kept(&manifest.0);
     Ok(Desired::seal(

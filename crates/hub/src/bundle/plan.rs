@@ -294,6 +294,7 @@ pub fn plan(
             correct_drift: spec.correct_drift_enabled(),
             downstream_resources: downstream,
             service_account: spec.service_account.clone(),
+            rollout_on_copy_change: spec.rollout_on_copy_change,
         };
         let bd_spec = DesiredSpec {
             deployment_id: hash::deployment_id_with_helm(

@@ -85,6 +85,10 @@ pub struct BundleFacts {
     pub paused: bool,
     /// BundleDeployments of matched clusters by state.
     pub summary: BundleSummary,
+    /// `dependsOn` cannot be resolved (reason word, message): every cluster is held.
+    pub dependency_error: Option<(&'static str, String)>,
+    /// Clusters held back by `dependsOn`, each with what it waits for, sorted.
+    pub held: Vec<(String, String)>,
 }
 
 /// The Bundle status for `facts`, starting from `existing` so condition transition times are
@@ -188,12 +192,21 @@ pub fn bundle_status(
             ),
             "TooLarge",
         )
+    } else if let Some((why, message)) = &facts.dependency_error {
+        (false, *why, message.clone(), *why)
     } else if facts.paused {
         (
             false,
             reason::PAUSED,
             format!("rollout is paused; {ready_count} clusters ready"),
             "Paused",
+        )
+    } else if !facts.held.is_empty() {
+        (
+            false,
+            reason::DEPENDENCY_NOT_READY,
+            super::depends::held_message(&facts.held),
+            "WaitingForDependencies",
         )
     } else if let Some((why, state)) = summary_reason(s) {
         (
