@@ -8,7 +8,7 @@ mod object;
 mod phases;
 
 pub use object::{
-    Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, namespace_op,
+    Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, judge, namespace_op,
     needs_recreate, object_plan, readiness,
 };
 pub use phases::{

@@ -208,6 +208,20 @@ pub fn applied_state(object: Option<&Value>) -> (ObjectState, Option<String>) {
     }
 }
 
+/// The state of a written (or skipped) object: judged on `object` (what the apiserver returned,
+/// else what the cache shows), else on the desired body, which has no status — a workload is
+/// not ready until its controller says so, and the object's watch event brings the deployment
+/// back. Always as `desired`'s kind: objects of a list (a cache's first one) carry no `kind`,
+/// and a Deployment judged as a kind-less object counted as ready before any controller had
+/// seen it.
+pub fn judge(object: Option<Value>, desired: &Desired) -> (ObjectState, Option<String>) {
+    let mut judged = object.unwrap_or_else(|| desired.body.clone());
+    if judged.is_object() && !judged["kind"].is_string() {
+        judged["kind"] = Value::String(desired.key.kind.clone());
+    }
+    applied_state(Some(&judged))
+}
+
 /// Merge patch removing data/binaryData keys a copy has downstream but not on the hub:
 /// server-side apply keeps keys other field managers added.
 pub fn extra_data_patch(desired: &Desired, live: &Value) -> Option<Value> {
@@ -619,6 +633,23 @@ mod tests {
         assert!(readiness(&stale).is_err());
         let cond = json!({"kind": "X", "status": {"conditions": [{"type": "Ready", "status": "False", "message": "m"}]}});
         assert!(readiness(&cond).unwrap_err().contains("Ready is False"));
+    }
+
+    #[test]
+    fn a_listed_object_without_kind_is_judged_as_its_kind() {
+        let d = manifest(
+            &Manifest(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web"}, "spec": {"replicas": 1}})),
+            true,
+            &opts(Some("apps")),
+            &owner(),
+        )
+        .unwrap();
+        // As a list item: no kind, a status nobody wrote yet.
+        let listed = json!({"metadata": {"name": "web", "generation": 1}, "spec": {"replicas": 1}, "status": {}});
+        assert_eq!(judge(Some(listed), &d).0, ObjectState::NotReady);
+        // Nothing to judge (a skipped write, not cached yet): not ready either.
+        assert_eq!(judge(None, &d).0, ObjectState::NotReady);
     }
 
     #[test]
