@@ -303,6 +303,10 @@ pub fn readiness(obj: &Value) -> Result<(), String> {
 /// `kubectl rollout status` judges it.
 fn workload_readiness(kind: &str, obj: &Value) -> Result<(), String> {
     let status = &obj["status"];
+    // Scaled to zero: no pods to roll or to be available.
+    if kind != "DaemonSet" && obj["spec"]["replicas"].as_i64() == Some(0) {
+        return Ok(());
+    }
     if obj["metadata"]["generation"].is_i64() && !status["observedGeneration"].is_i64() {
         return Err("the controller has not observed it yet".into());
     }
@@ -665,6 +669,9 @@ mod tests {
         assert!(readiness(&deployment(2, old)).is_err());
         // Never observed at all.
         assert!(readiness(&deployment(1, json!({}))).is_err());
+        // Scaled to zero: nothing to wait for.
+        let zero = json!({"kind": "Deployment", "metadata": {"generation": 1}, "spec": {"replicas": 0}, "status": {}});
+        assert!(readiness(&zero).is_ok());
         // Observed, but the old pods still serve.
         let rolling = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 1, "availableReplicas": 2});
         assert_eq!(
