@@ -449,3 +449,50 @@ async fn a_rotation_rolls_the_consumers_and_readiness_waits_for_them() {
     assert_eq!(template_annotation(&down, &plain_ns, "web").await, None);
     assert_eq!(generation(&down, &plain_ns, "web").await, plain_generation);
 }
+
+#[tokio::test]
+async fn a_bad_depends_on_entry_is_refused_at_admission() {
+    let ws = Workspace::without_hub(shared_env(2).await, "deps-admission").await;
+    let bundles = Api::<Bundle>::namespaced(ws.hub.clone(), &ws.ns);
+    let refused = |deps: Value| {
+        let bundles = bundles.clone();
+        async move {
+            let body = json!({"apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
+                "metadata": {"name": "bad"}, "spec": {"dependsOn": deps}});
+            bundles
+                .patch(
+                    "bad",
+                    &PatchParams::apply("e2e").force(),
+                    &Patch::Apply(body),
+                )
+                .await
+                .expect_err("refused")
+                .to_string()
+        }
+    };
+    let empty = refused(json!([{"acceptedStates": ["Ready"]}])).await;
+    assert!(
+        empty.contains("dependsOn[] must set name or selector"),
+        "{empty}"
+    );
+    let state = refused(json!([{"name": "a", "acceptedStates": ["Healthy"]}])).await;
+    assert!(
+        state.contains("acceptedStates") && state.contains("Healthy"),
+        "{state}"
+    );
+    // A HelmOp takes it too (no longer refused as Fleet-only).
+    let helmop: Api<tender_types::HelmOp> = Api::namespaced(ws.hub.clone(), &ws.ns);
+    helmop
+        .patch(
+            "web",
+            &PatchParams::apply("e2e").force(),
+            &Patch::Apply(
+                json!({"apiVersion": "tender.dev/v1alpha1", "kind": "HelmOp",
+                "metadata": {"name": "web"},
+                "spec": {"helm": {"chart": "web", "repo": "https://charts.invalid"},
+                         "dependsOn": [{"name": "db", "acceptedStates": ["Ready", "Modified"]}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+}

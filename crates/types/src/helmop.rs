@@ -408,6 +408,19 @@ mod tests {
     }
 
     #[test]
+    fn depends_on_is_passed_to_the_bundle() {
+        let h = spec(json!({
+            "helm": {"chart": "app"},
+            "dependsOn": [{"name": "db", "acceptedStates": ["Ready", "Modified"]}]
+        }));
+        let b = h.bundle_spec();
+        assert_eq!(b.depends_on, h.depends_on);
+        assert_eq!(b.depends_on[0].name.as_deref(), Some("db"));
+        assert!(b.depends_on[0].accepts(crate::BundleState::Modified));
+        assert!(!b.depends_on[0].accepts(crate::BundleState::NotReady));
+    }
+
+    #[test]
     fn helm_secret_name_is_copied_for_the_agent() {
         let h = spec(json!({
             "helm": {"chart": "app", "repo": "https://c"},

@@ -294,6 +294,48 @@ mod tests {
     }
 
     #[test]
+    fn dependencies_name_their_reason_before_the_counts() {
+        let base = BundleFacts {
+            matched: 2,
+            summary: counts(2, 2, 0, 0),
+            ..Default::default()
+        };
+        let ready = |s: &BundleStatus| {
+            let c = find_condition(&s.conditions, TYPE_READY).unwrap().clone();
+            (c.status, c.reason, c.message)
+        };
+        let cycle = BundleFacts {
+            dependency_error: Some((reason::DEPENDENCY_CYCLE, "b -> a -> b".into())),
+            ..base.clone()
+        };
+        let s = bundle_status(None, &cycle, Some(1), at(1));
+        assert_eq!(
+            ready(&s),
+            (
+                "False".into(),
+                reason::DEPENDENCY_CYCLE.into(),
+                "b -> a -> b".into()
+            )
+        );
+        // Held clusters: not ready even though every existing BundleDeployment is.
+        let held = BundleFacts {
+            held: vec![("two".into(), "a: NotReady".into())],
+            ..base.clone()
+        };
+        let (status, why, message) = ready(&bundle_status(None, &held, Some(1), at(1)));
+        assert_eq!(
+            (status.as_str(), why.as_str()),
+            ("False", reason::DEPENDENCY_NOT_READY)
+        );
+        assert!(message.contains("two (a: NotReady)"), "{message}");
+        // Nothing held: Ready as before.
+        assert_eq!(
+            ready(&bundle_status(None, &base, Some(1), at(1))).1,
+            reason::READY
+        );
+    }
+
+    #[test]
     fn shard_entries_fold_into_the_unsharded_summary() {
         let own = counts(2, 2, 0, 0);
         let entries = vec![
