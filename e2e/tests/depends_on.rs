@@ -293,6 +293,23 @@ async fn a_dependent_waits_per_cluster_for_its_dependency() {
     assert_eq!((writes1, writes2), (2, 2), "B written twice per cluster");
     watch1.abort();
     watch2.abort();
+
+    // Idle stays idle: with dependencies in place and nothing changing, the hub neither writes
+    // nor reconciles Bundles.
+    let hub = ws.hub_instance();
+    let quiet = tender_e2e::fixture::settled(
+        "the hub's writes and Bundle reconciles",
+        Duration::from_secs(3),
+        || async { (hub.writes(), hub.reconciles("bundle")) },
+    )
+    .await;
+    stays(
+        "the hub's writes and Bundle reconciles while idle",
+        Duration::from_secs(6),
+        &quiet,
+        || async { (hub.writes(), hub.reconciles("bundle")) },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -336,6 +353,21 @@ async fn a_cycle_and_a_missing_dependency_are_named_and_nothing_is_written() {
                 bd_exists(&ws, "one", "e").await,
             )
         },
+    )
+    .await;
+    // A cycle is no loop: the hub settles and stays quiet.
+    let hub = ws.hub_instance();
+    let quiet = tender_e2e::fixture::settled(
+        "the hub's writes and Bundle reconciles",
+        Duration::from_secs(3),
+        || async { (hub.writes(), hub.reconciles("bundle")) },
+    )
+    .await;
+    stays(
+        "the hub's writes and Bundle reconciles with a cycle in place",
+        Duration::from_secs(5),
+        &quiet,
+        || async { (hub.writes(), hub.reconciles("bundle")) },
     )
     .await;
     // The dependency appears (a Bundle labelled tier=ghost, deployed and ready): e proceeds.
