@@ -6,6 +6,7 @@
 pub mod consumers;
 mod object;
 mod phases;
+mod workload;
 
 pub use object::{
     Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, judge, namespace_op,
