@@ -104,9 +104,9 @@ pub(crate) async fn sync_object(
         tracing::info!(object = %d.key, "restored after downstream drift");
     }
     ctx.drift.ensure(&key.resource);
-    // A write the executor skipped (made a moment ago, the cache not caught up yet) is judged
-    // on what the cache shows.
-    let (state, message) = plan::applied_state(applied.as_ref().or(live.as_ref()));
+    // A write the executor skipped is judged on what the cache shows, else on the desired
+    // body, always as its kind ([`plan::judge`]).
+    let (state, message) = plan::judge(applied.or(live), d);
     ObjectStatus::new(&d.key, state, message)
 }
 

@@ -23,8 +23,10 @@ use tender_types::conditions::{TYPE_AGENT_CONNECTED, TYPE_READY, is_true};
 use tender_types::copy::CopyableKind;
 use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp, SourceKind, labels};
 
+use crate::bundle::depends;
 use crate::caches::{CacheEvents, Events};
 use crate::context::{Ctx, cluster_for_labels};
+use crate::summary::{DeploymentState, classify};
 
 /// The streams the controllers run on.
 pub(crate) struct ControllerInputs {
@@ -229,9 +231,22 @@ fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<
     // the replica count (decision 0062-hub-shards).
     let shard = ctx.config.shard_id.clone();
     let mut seen: HashMap<ObjectRef<Bundle>, u64> = HashMap::new();
+    // dependsOn: a Bundle's existence, spec and labels decide what its dependents resolve to
+    // (a missing dependency, a cycle); its status writes do not.
+    let mut resolved: HashMap<ObjectRef<Bundle>, u64> = HashMap::new();
     drive(events, move |event| {
         if let Some((b, deleted)) = touched(event) {
             forget(&ctx, b);
+            let r = ObjectRef::from_obj(b);
+            let key = key_of((b.metadata.generation, b.labels()));
+            let before = if deleted {
+                resolved.remove(&r)
+            } else {
+                resolved.insert(r.clone(), key)
+            };
+            if !matches!(event, watcher::Event::InitApply(_)) && (deleted || before != Some(key)) {
+                dependents_changed(&ctx, &t, &r);
+            }
             let wake = match &shard {
                 None => true,
                 Some(id) => {
@@ -381,9 +396,15 @@ fn bundle_deployment_feed(
     t: Triggers,
     events: Events<BundleDeployment>,
 ) -> BoxFuture<'static, ()> {
+    // dependsOn: the state each BundleDeployment was last seen in; only a change of it wakes
+    // the Bundles that depend on its Bundle (decision 0097-depends-on-per-cluster).
+    let mut states: HashMap<ObjectRef<BundleDeployment>, DeploymentState> = HashMap::new();
     drive(events, move |event| {
         match event {
-            watcher::Event::Init => ctx.bd_names.lock().expect("bd index").clear(),
+            watcher::Event::Init => {
+                ctx.bd_names.lock().expect("bd index").clear();
+                states.clear();
+            }
             watcher::Event::InitDone => {
                 t.all_bundles();
                 return;
@@ -394,17 +415,44 @@ fn bundle_deployment_feed(
             return;
         };
         index_bd(&ctx, bd, deleted);
+        let r = ObjectRef::from_obj(bd);
+        let state_changed = if deleted {
+            states.remove(&r).is_some()
+        } else {
+            states.insert(r, classify(bd)) != Some(classify(bd))
+        };
         if matches!(event, watcher::Event::InitApply(_)) {
             return;
         }
         forget(&ctx, bd);
         if let Some(b) = bundle_of(&bd.metadata) {
+            if state_changed {
+                dependents_changed(&ctx, &t, &b);
+            }
             t.bundle(b);
         }
         if let Some(c) = bd.namespace().and_then(|ns| ctx.cluster_of_namespace(&ns)) {
             t.cluster(c);
         }
     })
+}
+
+/// dependsOn: Bundle `changed` (or one of its BundleDeployments) changed in a way its
+/// dependents see: each Bundle of its namespace that may depend on it is woken.
+fn dependents_changed(ctx: &Ctx, t: &Triggers, changed: &ObjectRef<Bundle>) {
+    let Some(ns) = changed.namespace.as_deref() else {
+        return;
+    };
+    let labels = ctx.stores.bundles.get(changed);
+    let labels = labels.as_ref().and_then(|b| b.metadata.labels.as_ref());
+    for b in ctx.stores.bundles.state() {
+        if b.namespace().as_deref() == Some(ns)
+            && b.name_any() != changed.name
+            && depends::may_depend_on(&b.spec, &changed.name, labels)
+        {
+            t.bundle(ObjectRef::from_obj(b.as_ref()));
+        }
+    }
 }
 
 /// Keeps [`Ctx::bd_names`] in step with the BundleDeployment cache.

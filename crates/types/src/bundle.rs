@@ -121,6 +121,70 @@ pub struct BundleSpec {
     /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<crate::diff::DiffOptions>,
+    /// Bundles of this namespace that must be in an accepted state on a cluster before this Bundle's BundleDeployment is created or changed there (Fleet's dependsOn). Until then the cluster keeps what it has. A missing dependency or a cycle is reported as a condition. See docs/dependencies.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub depends_on: Vec<BundleRef>,
+
+    /// Roll the workloads of this Bundle (Deployments, StatefulSets, DaemonSets, ReplicaSets, CronJobs) that consume a copied Secret or ConfigMap when its content changes: the agent sets the pod-template annotation `tender.dev/copies-hash`, and the deployment is ready only once they are rolled and available again. See docs/dependencies.md.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rollout_on_copy_change: bool,
+}
+
+/// A dependency on other Bundles of the same namespace: by name, by label selector, or both
+/// (both must match), with the BundleDeployment states that count as satisfied.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "has(self.name) || has(self.selector)",
+    "message": "dependsOn[] must set name or selector"
+}]))]
+pub struct BundleRef {
+    /// Name of a Bundle in this namespace (for a HelmOp: the HelmOp's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
+    pub name: Option<String>,
+
+    /// Selects the Bundles of this namespace whose labels match (this Bundle itself excluded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
+
+    /// States of the dependency's BundleDeployment on a cluster that let this Bundle proceed there; default `[Ready]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    pub accepted_states: Vec<BundleState>,
+}
+
+/// The state of one BundleDeployment, in Fleet's words.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+pub enum BundleState {
+    /// Applied at its current deploymentID with every object ready.
+    Ready,
+    /// Applied, with objects not ready yet.
+    NotReady,
+    /// Not yet applied at its current deploymentID.
+    WaitApplied,
+    /// The last apply failed.
+    ErrApplied,
+    /// Fleet's staged-but-not-deployed state; tender never reports it (accepted for Fleet compatibility).
+    OutOfSync,
+    /// Written, but no agent has reported on it yet.
+    Pending,
+    /// Deployed objects were changed downstream.
+    Modified,
+}
+
+impl BundleRef {
+    /// Whether `state` satisfies this dependency (`acceptedStates`, default `[Ready]`).
+    pub fn accepts(&self, state: BundleState) -> bool {
+        if self.accepted_states.is_empty() {
+            state == BundleState::Ready
+        } else {
+            self.accepted_states.contains(&state)
+        }
+    }
 }
 
 /// A Go duration (`30s`, `5m`, `1h30m`).

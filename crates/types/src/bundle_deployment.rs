@@ -168,6 +168,9 @@ pub struct BundleDeploymentOptions {
     /// The Bundle's `diff`: fields of deployed objects the agent neither applies nor judges as drift.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<crate::diff::DiffOptions>,
+    /// The Bundle's `rolloutOnCopyChange`: workloads consuming a copied Secret or ConfigMap get the pod-template annotation `tender.dev/copies-hash` and must be rolled and available to be ready.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rollout_on_copy_change: bool,
 }
 
 /// A source copied to the cluster namespace on the hub, and where it goes downstream.

@@ -153,6 +153,15 @@ pub mod reason {
     /// (401/403) or its Cluster no longer exists; nothing is deleted downstream
     /// (decision 0081-an-agent-sweeps-only-for-a-live-cluster).
     pub const HUB_ACCESS_LOST: &str = "HubAccessLost";
+    /// A Bundle's `dependsOn` names a Bundle that does not exist in its namespace (or a
+    /// selector matches none): nothing is written for it until one does.
+    pub const DEPENDENCY_NOT_FOUND: &str = "DependencyNotFound";
+    /// A Bundle's `dependsOn` leads back to itself: nothing is written for it until the
+    /// cycle is broken.
+    pub const DEPENDENCY_CYCLE: &str = "DependencyCycle";
+    /// Some clusters wait for a Bundle's dependencies to reach an accepted state there; they
+    /// keep what they have meanwhile.
+    pub const DEPENDENCY_NOT_READY: &str = "DependencyNotReady";
 }
 
 /// The condition of `type_`, if present.

@@ -135,6 +135,10 @@ pub struct HelmOpSpec {
     /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diff: Option<crate::diff::DiffOptions>,
+    /// Bundles (or HelmOps, by name) of this namespace that must be in an accepted state on a cluster before the chart is deployed or changed there; passed to this HelmOp's Bundle. See docs/dependencies.md.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub depends_on: Vec<crate::BundleRef>,
 }
 
 impl HelmOpSpec {
@@ -169,6 +173,7 @@ impl HelmOpSpec {
             paused: self.paused,
             diff: self.diff.clone(),
             polling_interval: self.polling_interval.clone(),
+            depends_on: self.depends_on.clone(),
             ..BundleSpec::default()
         }
     }
@@ -242,11 +247,6 @@ const FLEET_ONLY_SPEC: &[Unsupported] = &[
         "rolloutStrategy",
         "object",
         "every targeted cluster gets the change at once",
-    ),
-    Unsupported::present(
-        "dependsOn",
-        "array",
-        "tender has no dependencies between Bundles",
     ),
     Unsupported::present(
         "targetCustomizationMode",
@@ -412,6 +412,19 @@ mod tests {
         let t =
             spec(json!({"helm": {"chart": "app", "repo": "https://c"}, "targetNamespace": "x"}));
         assert_eq!(t.bundle_spec().target_namespace.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn depends_on_is_passed_to_the_bundle() {
+        let h = spec(json!({
+            "helm": {"chart": "app"},
+            "dependsOn": [{"name": "db", "acceptedStates": ["Ready", "Modified"]}]
+        }));
+        let b = h.bundle_spec();
+        assert_eq!(b.depends_on, h.depends_on);
+        assert_eq!(b.depends_on[0].name.as_deref(), Some("db"));
+        assert!(b.depends_on[0].accepts(crate::BundleState::Modified));
+        assert!(!b.depends_on[0].accepts(crate::BundleState::NotReady));
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub const BUNDLE_DEPLOYMENT: &str = "tender.dev/bundle-deployment";
 pub const OWNER_ANNOTATION: &str = "tender.dev/owner";
 /// Annotation: content hash of what tender last wrote (see [`crate::hash`]); equal hash, no write.
 pub const CONTENT_HASH: &str = "tender.dev/content-hash";
+/// Pod-template annotation on a Bundle's workloads (with `rolloutOnCopyChange`): hash of the
+/// copied Secrets and ConfigMaps the pods consume, so a rotation rolls them.
+pub const COPIES_HASH: &str = "tender.dev/copies-hash";
 /// Annotation `"true"` on a downstream object: leave it in place when it is no longer deployed.
 pub const KEEP_RESOURCES: &str = "tender.dev/keep-resources";
 /// Annotation on copies: the source, `<namespace>/<name>` (the kind is the copy's own kind).

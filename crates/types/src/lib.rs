@@ -28,8 +28,8 @@ pub mod upstream;
 mod schema;
 
 pub use bundle::{
-    Bundle, BundleDisplay, BundleShardStatus, BundleSpec, BundleStatus, BundleSummary,
-    BundleTarget, CorrectDrift, DownstreamResource, Manifest, SourceKind,
+    Bundle, BundleDisplay, BundleRef, BundleShardStatus, BundleSpec, BundleState, BundleStatus,
+    BundleSummary, BundleTarget, CorrectDrift, DownstreamResource, Manifest, SourceKind,
 };
 pub use bundle_deployment::{
     BundleDeployment, BundleDeploymentDisplay, BundleDeploymentOptions, BundleDeploymentSpec,

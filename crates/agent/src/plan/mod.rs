@@ -3,11 +3,13 @@
 //! metadata; and in [`object`], what to do about one object (the operations handed to the
 //! executor, see [`object_plan`]).
 
+pub mod consumers;
 mod object;
 mod phases;
+mod workload;
 
 pub use object::{
-    Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, namespace_op,
+    Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, judge, namespace_op,
     needs_recreate, object_plan, readiness,
 };
 pub use phases::{
@@ -313,6 +315,7 @@ pub fn manifest(
     if let Some(diff) = &options.diff {
         tender_types::diff::strip_compare_patches(&mut body, &diff.compare_patches);
     }
+    consumers::annotate(&mut body, namespace, options);
     // `helm.sh/resource-policy: keep` is never deleted (Helm's rule): kept like keepResources.
     let keep = options.keep_resources || crate::hooks::is_kept(&manifest.0);
     Ok(Desired::seal(

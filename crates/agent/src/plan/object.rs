@@ -208,6 +208,20 @@ pub fn applied_state(object: Option<&Value>) -> (ObjectState, Option<String>) {
     }
 }
 
+/// The state of a written (or skipped) object: judged on `object` (what the apiserver returned,
+/// else what the cache shows), else on the desired body, which has no status — a workload is
+/// not ready until its controller says so, and the object's watch event brings the deployment
+/// back. Always as `desired`'s kind: objects of a list (a cache's first one) carry no `kind`,
+/// and a Deployment judged as a kind-less object counted as ready before any controller had
+/// seen it.
+pub fn judge(object: Option<Value>, desired: &Desired) -> (ObjectState, Option<String>) {
+    let mut judged = object.unwrap_or_else(|| desired.body.clone());
+    if judged.is_object() && !judged["kind"].is_string() {
+        judged["kind"] = Value::String(desired.key.kind.clone());
+    }
+    applied_state(Some(&judged))
+}
+
 /// Merge patch removing data/binaryData keys a copy has downstream but not on the hub:
 /// server-side apply keeps keys other field managers added.
 pub fn extra_data_patch(desired: &Desired, live: &Value) -> Option<Value> {
@@ -261,17 +275,11 @@ pub fn readiness(obj: &Value) -> Result<(), String> {
         return Err("the controller has not observed the latest generation yet".into());
     }
     let kind = obj["kind"].as_str().unwrap_or_default();
-    if matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet") {
-        let want = obj["spec"]["replicas"].as_i64().unwrap_or(1);
-        let have = status["availableReplicas"]
-            .as_i64()
-            .or_else(|| status["readyReplicas"].as_i64())
-            .unwrap_or(0);
-        return if have >= want {
-            Ok(())
-        } else {
-            Err(format!("{have}/{want} replicas available"))
-        };
+    if matches!(
+        kind,
+        "Deployment" | "StatefulSet" | "ReplicaSet" | "DaemonSet"
+    ) {
+        return super::workload::readiness(kind, obj);
     }
     let conditions = status["conditions"].as_array().cloned().unwrap_or_default();
     for type_ in ["Ready", "Available"] {
@@ -527,7 +535,7 @@ mod tests {
     }
     #[test]
     fn applied_objects_report_readiness() {
-        let dep = json!({"kind": "Deployment", "spec": {"replicas": 2}, "status": {"availableReplicas": 1}});
+        let dep = json!({"kind": "Deployment", "spec": {"replicas": 2}, "status": {"replicas": 2, "updatedReplicas": 2, "availableReplicas": 1}});
         assert_eq!(
             applied_state(Some(&dep)),
             (ObjectState::NotReady, Some("1/2 replicas available".into()))
@@ -555,13 +563,30 @@ mod tests {
     #[test]
     fn readiness_rules() {
         assert!(readiness(&json!({"kind": "ConfigMap"})).is_ok());
-        let dep = json!({"kind": "Deployment", "spec": {"replicas": 2}, "status": {"availableReplicas": 1}});
+        let dep = json!({"kind": "Deployment", "spec": {"replicas": 2}, "status": {"replicas": 2, "updatedReplicas": 2, "availableReplicas": 1}});
         assert_eq!(readiness(&dep).unwrap_err(), "1/2 replicas available");
-        let dep = json!({"kind": "Deployment", "spec": {"replicas": 1}, "status": {"availableReplicas": 1}});
+        let dep = json!({"kind": "Deployment", "spec": {"replicas": 1}, "status": {"replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}});
         assert!(readiness(&dep).is_ok());
         let stale = json!({"kind": "X", "metadata": {"generation": 3}, "status": {"observedGeneration": 2}});
         assert!(readiness(&stale).is_err());
         let cond = json!({"kind": "X", "status": {"conditions": [{"type": "Ready", "status": "False", "message": "m"}]}});
         assert!(readiness(&cond).unwrap_err().contains("Ready is False"));
+    }
+
+    #[test]
+    fn a_listed_object_without_kind_is_judged_as_its_kind() {
+        let d = manifest(
+            &Manifest(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web"}, "spec": {"replicas": 1}})),
+            true,
+            &opts(Some("apps")),
+            &owner(),
+        )
+        .unwrap();
+        // As a list item: no kind, a status nobody wrote yet.
+        let listed = json!({"metadata": {"name": "web", "generation": 1}, "spec": {"replicas": 1}, "status": {}});
+        assert_eq!(judge(Some(listed), &d).0, ObjectState::NotReady);
+        // Nothing to judge (a skipped write, not cached yet): not ready either.
+        assert_eq!(judge(None, &d).0, ObjectState::NotReady);
     }
 }

@@ -57,12 +57,14 @@ pub(crate) fn transition_events(
     old: Option<&BundleStatus>,
     new: &BundleStatus,
 ) -> Vec<Op> {
-    const PROBLEMS: [&str; 5] = [
+    const PROBLEMS: [&str; 7] = [
         reason::SOURCE_NOT_FOUND,
         reason::COPY_FEATURE_DISABLED,
         reason::KIND_NOT_ALLOWED,
         reason::INVALID_SELECTOR,
         reason::NO_CLUSTERS_MATCHED,
+        reason::DEPENDENCY_NOT_FOUND,
+        reason::DEPENDENCY_CYCLE,
     ];
     let reason_of = |s: Option<&BundleStatus>, t: &str| {
         s.and_then(|s| find_condition(&s.conditions, t))

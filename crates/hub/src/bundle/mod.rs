@@ -5,6 +5,7 @@
 //! targeting, [`ops`] operations, [`events`], [`shards`] finalizers, [`status`]) → execute
 //! (the shared executor, at most [`FANOUT_CONCURRENCY`] clusters at a time).
 
+pub(crate) mod depends;
 mod events;
 mod observe;
 mod ops;
@@ -161,6 +162,13 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
             let limit = ctx.config.max_copied_bytes_per_bundle;
             if plan.hold_copies_over(limit) {
                 facts.copy_limit = Some((plan.copied_bytes, limit));
+            }
+            // dependsOn: clusters whose dependencies are not in an accepted state there are
+            // held (decision 0097-depends-on-per-cluster).
+            if !bundle.spec.depends_on.is_empty() {
+                let gate = observe::dependencies_gate(ctx, bundle, &mut plan);
+                facts.dependency_error = gate.error;
+                facts.held = gate.held;
             }
             let by_ns: HashMap<String, Arc<BundleDeployment>> = existing
                 .iter()

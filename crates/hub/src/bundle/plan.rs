@@ -295,6 +295,7 @@ pub fn plan(
             downstream_resources: downstream,
             service_account: spec.service_account.clone(),
             diff: spec.diff.clone(),
+            rollout_on_copy_change: spec.rollout_on_copy_change,
         };
         let bd_spec = DesiredSpec {
             deployment_id: hash::deployment_id_with_helm(

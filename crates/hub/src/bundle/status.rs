@@ -87,6 +87,10 @@ pub struct BundleFacts {
     pub summary: BundleSummary,
     /// With `pollingInterval`: the last look at the chart repository.
     pub polled: Option<crate::helm_poll::PollReport>,
+    /// `dependsOn` cannot be resolved (reason word, message): every cluster is held.
+    pub dependency_error: Option<(&'static str, String)>,
+    /// Clusters held back by `dependsOn`, each with what it waits for, sorted.
+    pub held: Vec<(String, String)>,
 }
 
 /// The Bundle status for `facts`, starting from `existing` so condition transition times are
@@ -190,12 +194,21 @@ pub fn bundle_status(
             ),
             "TooLarge",
         )
+    } else if let Some((why, message)) = &facts.dependency_error {
+        (false, *why, message.clone(), *why)
     } else if facts.paused {
         (
             false,
             reason::PAUSED,
             format!("rollout is paused; {ready_count} clusters ready"),
             "Paused",
+        )
+    } else if !facts.held.is_empty() {
+        (
+            false,
+            reason::DEPENDENCY_NOT_READY,
+            super::depends::held_message(&facts.held),
+            "WaitingForDependencies",
         )
     } else if let Some((why, state)) = summary_reason(s) {
         (
@@ -281,6 +294,48 @@ mod tests {
             err_applied: err,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn dependencies_name_their_reason_before_the_counts() {
+        let base = BundleFacts {
+            matched: 2,
+            summary: counts(2, 2, 0, 0),
+            ..Default::default()
+        };
+        let ready = |s: &BundleStatus| {
+            let c = find_condition(&s.conditions, TYPE_READY).unwrap().clone();
+            (c.status, c.reason, c.message)
+        };
+        let cycle = BundleFacts {
+            dependency_error: Some((reason::DEPENDENCY_CYCLE, "b -> a -> b".into())),
+            ..base.clone()
+        };
+        let s = bundle_status(None, &cycle, Some(1), at(1));
+        assert_eq!(
+            ready(&s),
+            (
+                "False".into(),
+                reason::DEPENDENCY_CYCLE.into(),
+                "b -> a -> b".into()
+            )
+        );
+        // Held clusters: not ready even though every existing BundleDeployment is.
+        let held = BundleFacts {
+            held: vec![("two".into(), "a: NotReady".into())],
+            ..base.clone()
+        };
+        let (status, why, message) = ready(&bundle_status(None, &held, Some(1), at(1)));
+        assert_eq!(
+            (status.as_str(), why.as_str()),
+            ("False", reason::DEPENDENCY_NOT_READY)
+        );
+        assert!(message.contains("two (a: NotReady)"), "{message}");
+        // Nothing held: Ready as before.
+        assert_eq!(
+            ready(&bundle_status(None, &base, Some(1), at(1))).1,
+            reason::READY
+        );
     }
 
     #[test]
