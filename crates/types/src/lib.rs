@@ -21,6 +21,7 @@ pub mod namespaces;
 pub mod ownership;
 pub mod service_account;
 pub mod targeting;
+pub mod template;
 pub mod upstream;
 
 mod schema;
