@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod cluster_group;
 pub mod conditions;
 pub mod copy;
+pub mod customize;
 pub mod digest;
 pub mod gate;
 pub mod hash;

@@ -7,8 +7,8 @@ mod object;
 mod phases;
 
 pub use object::{
-    Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, namespace_op,
-    needs_recreate, object_plan, readiness,
+    Mode, NamespaceMeta, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset,
+    namespace_op, needs_recreate, object_plan, readiness,
 };
 pub use phases::{
     DeployPlan, Entry, Found, FoundHook, HOOK_RUN, HookProgress, HookStep, Observed, Phase,
