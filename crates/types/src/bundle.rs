@@ -274,6 +274,11 @@ impl DownstreamResource {
     pub fn api_version(&self) -> &str {
         self.api_version.as_deref().unwrap_or("v1")
     }
+
+    /// Fleet's identity of an entry when target lists merge (kind case-insensitive, name).
+    pub fn fleet_key(&self) -> String {
+        format!("{}|{}", self.kind.to_lowercase(), self.name)
+    }
 }
 
 /// Kinds tender can copy downstream.

@@ -10,7 +10,6 @@ use schemars::{JsonSchema, Schema};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::bundle::DownstreamResource;
 use crate::helm::{HelmOptions, Values, ValuesFrom, merge_values};
 use crate::schema::{DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN};
 use crate::template::{self, TemplateError};
@@ -145,11 +144,6 @@ fn values_from_key(v: &ValuesFrom) -> String {
         r.name,
         r.key()
     )
-}
-
-/// Fleet's identity of a `downstreamResources` entry (kind case-insensitive, name).
-pub fn downstream_key(r: &DownstreamResource) -> String {
-    format!("{}|{}", r.kind.to_lowercase(), r.name)
 }
 
 /// What Fleet replaces a value string starting with this by: that cluster label's value (an
@@ -296,8 +290,9 @@ fn render_value(
     })
 }
 
-/// A rendered single-line string read as Fleet reads it back: as a YAML scalar (`3` a number,
-/// `"x"` the string x, `` a null); text that is not a scalar stays the string it is.
+/// A rendered single-line string read as Fleet reads it back, as YAML: `3` a number, `"x"`
+/// the string x, nothing a null, `{"a":1}` (what `toJson` makes) a map; text that is not YAML
+/// stays the string it is.
 fn scalar(text: String, multiline: bool) -> Value {
     if multiline {
         return Value::String(text);
@@ -305,10 +300,7 @@ fn scalar(text: String, multiline: bool) -> Value {
     if text.trim().is_empty() {
         return Value::Null;
     }
-    match serde_saphyr::from_str::<Value>(&text) {
-        Ok(v @ (Value::String(_) | Value::Number(_) | Value::Bool(_) | Value::Null)) => v,
-        _ => Value::String(text),
-    }
+    serde_saphyr::from_str::<Value>(&text).unwrap_or(Value::String(text))
 }
 
 #[cfg(test)]

@@ -56,7 +56,7 @@ pub(crate) fn fleet_only_helm_fields(spec: &mut Schema) {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "has(self.repo) && self.repo.startsWith('oci://') ? (!has(self.chart) || self.chart == '') : (has(self.chart) && self.chart != '' && (self.chart.startsWith('oci://') ? !has(self.repo) : has(self.repo)))",
+        "rule": "(has(self.repo) && self.repo != '') && self.repo.startsWith('oci://') ? (!has(self.chart) || self.chart == '') : (has(self.chart) && self.chart != '' && (self.chart.startsWith('oci://') ? !(has(self.repo) && self.repo != '') : (has(self.repo) && self.repo != '')))",
         "message": "helm needs a chart name with an https:// repo, an oci:// chart reference without repo, or (Fleet's form) an oci:// repo with chart empty or absent"
     },
     {
@@ -74,13 +74,17 @@ pub(crate) fn fleet_only_helm_fields(spec: &mut Schema) {
 ]))]
 pub struct HelmOptions {
     /// Name of the chart in the HTTP chart repository `repo`, or an `oci://registry/path/chart` reference. Empty (or absent) when `repo` is an `oci://` reference (Fleet's form).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    #[schemars(length(max = 512))]
+    #[serde(
+        default,
+        skip_serializing_if = "String::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
+    #[schemars(length(max = 512), extend("nullable" = true))]
     pub chart: String,
 
-    /// URL of the HTTP(S) chart repository (the directory holding `index.yaml`), or, as Fleet writes it, the chart's `oci://registry/path/chart` reference with `chart` left empty.
+    /// URL of the HTTP(S) chart repository (the directory holding `index.yaml`), or, as Fleet writes it, the chart's `oci://registry/path/chart` reference with `chart` left empty. Empty means unset, as in Fleet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^(https?|oci)://"))]
+    #[schemars(length(max = 2048), regex(pattern = r"^$|^(https?|oci)://"), extend("nullable" = true))]
     pub repo: Option<String>,
 
     /// Chart version: exact (`1.2.3`) or a semver range (`^1.2`, `>=1.0 <2.0`, `1.x`). Empty means the latest stable version.
@@ -149,6 +153,7 @@ impl HelmOptions {
     /// `chart: oci://…` without `repo`, and an `oci://` chart drops any `repo` (a target may
     /// set one while the Bundle set the other). The agent reads only this form.
     pub fn normalized(mut self) -> Self {
+        self.repo = self.repo.filter(|r| !r.is_empty());
         if let Some(repo) = self.repo.take_if(|r| r.starts_with("oci://")) {
             self.chart = repo;
         }
@@ -157,6 +162,12 @@ impl HelmOptions {
         }
         self
     }
+}
+
+/// `chart: ` written with nothing after it (null, as Fleet's own e2e assets write an empty
+/// chart) reads as empty.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 /// One source of values: a key of a Secret or of a ConfigMap holding a YAML map.

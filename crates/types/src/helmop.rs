@@ -10,7 +10,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::bundle::{BundleDisplay, BundleSpec, BundleSummary, BundleTarget, CorrectDrift};
-use crate::customize::{downstream_key, merge_by_key};
+use crate::customize::merge_by_key;
 use crate::helm::{HelmOptions, RELEASE, fleet_only_helm_fields};
 use crate::schema::{
     DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, Unsupported, conditions_list_map, kind_name_list_map,
@@ -148,7 +148,11 @@ impl HelmOpSpec {
         // name); a Bundle target's list replaces the Bundle's, so the merged list goes there.
         for t in &mut targets {
             if let Some(list) = t.downstream_resources.as_mut().filter(|l| !l.is_empty()) {
-                *list = merge_by_key(&self.downstream_resources, list, downstream_key);
+                *list = merge_by_key(
+                    &self.downstream_resources,
+                    list,
+                    DownstreamResource::fleet_key,
+                );
             } else {
                 t.downstream_resources = None;
             }

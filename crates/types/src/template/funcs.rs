@@ -56,6 +56,8 @@ pub(crate) const NAMES: &[&str] = &[
     "nospace",
     "kebabcase",
     "snakecase",
+    "uniq",
+    "toYaml",
 ];
 
 pub(crate) fn exists(name: &str) -> bool {
@@ -431,6 +433,24 @@ pub(crate) fn call(f: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
             )
         }
         "list" => Value::Array(args),
+        "uniq" => {
+            need(1)?;
+            let Value::Array(a) = &args[0] else {
+                return bad(f, "wants a list");
+            };
+            let mut out: Vec<Value> = Vec::new();
+            for v in a {
+                if !out.contains(v) {
+                    out.push(v.clone());
+                }
+            }
+            Value::Array(out)
+        }
+        "toYaml" => {
+            need(1)?;
+            // JSON is YAML: one line, read back as the same value.
+            Value::String(args[0].to_string())
+        }
         "dict" => {
             let mut m = Map::new();
             for pair in args.chunks(2) {

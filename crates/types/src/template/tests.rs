@@ -99,3 +99,18 @@ fn text_without_actions_is_unchanged() {
     );
     assert!(!has_actions("{{ helm }}"));
 }
+
+#[test]
+fn every_listed_function_is_implemented() {
+    for f in funcs::NAMES {
+        let e = funcs::call(f, Vec::new());
+        assert!(
+            !e.is_err_and(|e| e.0.ends_with("not defined")),
+            "{f} is listed but not implemented"
+        );
+    }
+    assert_eq!(
+        r(r#"${ list "a" "a" "b" | uniq | toJson }"#),
+        r#"["a","b"]"#
+    );
+}
