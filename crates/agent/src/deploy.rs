@@ -111,9 +111,13 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         run: &spec.deployment_id,
         hook_timeout: observed.hook_timeout,
         failed_hooks: &failed_hooks,
-        namespace_meta: plan::NamespaceMeta {
-            labels: Some(&opts.namespace_labels),
-            annotations: Some(&opts.namespace_annotations),
+        namespace_meta: if ctx.config.policy.namespace_metadata_allowed() {
+            plan::NamespaceMeta {
+                labels: Some(&opts.namespace_labels),
+                annotations: Some(&opts.namespace_annotations),
+            }
+        } else {
+            plan::NamespaceMeta::default()
         },
     };
     let executed = run.execute(&plan).await;
