@@ -468,7 +468,11 @@ pub(crate) fn call(f: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
         "repeat" => {
             need(2)?;
             let k = int_of(f, &args[0])?.clamp(0, 10_000) as usize;
-            Value::String(s(1).repeat(k))
+            let v = s(1);
+            if v.len().saturating_mul(k) > super::MAX_OUTPUT {
+                return bad(f, "the result would be larger than 1 MiB");
+            }
+            Value::String(v.repeat(k))
         }
         _ => return bad(f, "not defined"),
     })

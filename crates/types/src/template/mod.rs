@@ -389,6 +389,9 @@ fn pipeline_at(toks: &[Tok], i: &mut usize) -> Result<Pipeline, TemplateError> {
 
 const MAX_DEPTH: usize = 50;
 
+/// Largest text one template may render (a `range` or `repeat` cannot make the hub hold more).
+pub(crate) const MAX_OUTPUT: usize = 1 << 20;
+
 fn exec(
     nodes: &[Node],
     dot: &Value,
@@ -400,6 +403,9 @@ fn exec(
         return err("template nested too deeply");
     }
     for n in nodes {
+        if out.len() > MAX_OUTPUT {
+            return err("the rendered text is larger than 1 MiB");
+        }
         match n {
             Node::Text(t) => out.push_str(t),
             Node::Out(p) => out.push_str(&funcs::print(&eval(p, dot, root)?)),

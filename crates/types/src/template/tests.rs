@@ -114,3 +114,10 @@ fn every_listed_function_is_implemented() {
         r#"["a","b"]"#
     );
 }
+
+#[test]
+fn output_is_bounded() {
+    assert!(e(r#"${ repeat 10000 (repeat 10000 "x") }"#).contains("larger than 1 MiB"));
+    let big = r#"${ range (splitList "," (repeat 9999 "a,")) }${ repeat 200 "y" }${ end }"#;
+    assert!(e(big).contains("larger than 1 MiB"));
+}
