@@ -186,6 +186,7 @@ async fn removal_hooks(
         run: &bd.spec.deployment_id,
         hook_timeout: observe::hook_timeout(bd),
         failed_hooks: &plan::failed_hooks(bd.status.as_ref(), &bd.spec.deployment_id),
+        namespace_meta: plan::NamespaceMeta::default(),
     };
     let phase = plan::PlannedPhase {
         phase: plan::Phase::Hooks(event),

@@ -111,6 +111,14 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         run: &spec.deployment_id,
         hook_timeout: observed.hook_timeout,
         failed_hooks: &failed_hooks,
+        namespace_meta: if ctx.config.policy.namespace_metadata_allowed() {
+            plan::NamespaceMeta {
+                labels: Some(&opts.namespace_labels),
+                annotations: Some(&opts.namespace_annotations),
+            }
+        } else {
+            plan::NamespaceMeta::default()
+        },
     };
     let executed = run.execute(&plan).await;
     let hook_running = executed.hook_running;

@@ -45,6 +45,9 @@ pub(crate) struct Run<'a> {
     pub(crate) hook_timeout: Duration,
     /// Hooks this run already saw fail (from the last reported status): not started again.
     pub(crate) failed_hooks: &'a [ObjectRef],
+    /// Labels and annotations for the namespaces this run creates (`namespaceLabels`,
+    /// `namespaceAnnotations`); a namespace that exists is never changed.
+    pub(crate) namespace_meta: plan::NamespaceMeta<'a>,
 }
 
 impl Run<'_> {
@@ -85,7 +88,8 @@ impl Run<'_> {
     async fn ensure_namespaces(&self, plan: &DeployPlan) -> Vec<(String, String)> {
         let mut errors = Vec::new();
         for ns in &plan.namespaces {
-            if let Err(msg) = ensure_namespace(self.ctx, self.writer, ns).await {
+            if let Err(msg) = ensure_namespace(self.ctx, self.writer, ns, self.namespace_meta).await
+            {
                 errors.push((ns.clone(), msg));
             }
         }

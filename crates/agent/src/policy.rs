@@ -100,6 +100,17 @@ fn namespace_of(key: &ObjectRef) -> Option<&str> {
 }
 
 impl Policy {
+    /// Whether a Bundle's `namespaceLabels`/`namespaceAnnotations` go on the namespaces the
+    /// agent creates: only when the owner lets Bundles write `Namespace` objects at all (which
+    /// could carry any label), so refusing the kind also keeps a Bundle from, say, relaxing a
+    /// new namespace's Pod Security labels.
+    pub fn namespace_metadata_allowed(&self) -> bool {
+        !self
+            .refused_kinds
+            .iter()
+            .any(|p| kind_matches(p, "Namespace", ""))
+    }
+
     /// Why `key` may not be written downstream (the status message, starting with
     /// `RefusedByPolicy`), or `None` when it may. `agent_namespace` is the agent's own.
     pub fn refusal(&self, key: &ObjectRef, agent_namespace: &str) -> Option<String> {
@@ -330,6 +341,15 @@ mod tests {
         assert_eq!(refusal(&p, &key("v1", "Secret", Some("app"), "s")), None);
         assert_eq!(refusal(&p, &key("v1", "Secret", Some("team-a"), "s")), None);
         assert_eq!(refusal(&p, &key("v1", "Namespace", None, "team-b")), None);
+        assert!(p.namespace_metadata_allowed());
+        let no_ns = Policy {
+            refused_kinds: vec!["Namespace".into()],
+            ..Policy::default()
+        };
+        assert!(
+            !no_ns.namespace_metadata_allowed(),
+            "refusing the kind refuses its labels"
+        );
         let why = refusal(&p, &key("v1", "Secret", Some("kube-system"), "s")).unwrap();
         assert!(why.contains("namespace kube-system"), "{why}");
         assert!(refusal(&p, &key("v1", "Namespace", None, "other")).is_some());

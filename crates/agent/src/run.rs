@@ -187,7 +187,7 @@ async fn startup(ctx: &Context) -> std::result::Result<(), Failure> {
     })?;
     if existing.is_none() {
         ctx.down_writer
-            .execute(plan::namespace_op(agent_ns))
+            .execute(plan::namespace_op(agent_ns, plan::NamespaceMeta::default()))
             .await?;
     }
     let ns = &ctx.config.cluster_namespace;

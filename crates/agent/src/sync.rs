@@ -149,6 +149,7 @@ pub(crate) async fn ensure_namespace(
     ctx: &Context,
     writer: &Executor,
     ns: &str,
+    meta: plan::NamespaceMeta<'_>,
 ) -> Result<(), String> {
     let terminating = || {
         Err(format!(
@@ -172,7 +173,7 @@ pub(crate) async fn ensure_namespace(
         Ok(None) => {
             ctx.metrics.written("apply", "Namespace");
             writer
-                .execute(plan::namespace_op(ns))
+                .execute(plan::namespace_op(ns, meta))
                 .await
                 .map(drop)
                 .map_err(|e| message(&e))

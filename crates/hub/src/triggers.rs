@@ -304,7 +304,8 @@ fn helmop_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<HelmOp>) -> BoxFuture<
     })
 }
 
-/// Clusters: labels, deletion, namespace readiness and pausing retarget Bundles; labels,
+/// Clusters: labels, annotations, templateValues, deletion, namespace readiness and pausing
+/// retarget Bundles; labels,
 /// readiness and deletion change group counts. Heartbeats alone trigger neither.
 fn cluster_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Cluster>) -> BoxFuture<'static, ()> {
     let groups = ctx.stores.groups.clone();
@@ -344,8 +345,21 @@ fn cluster_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Cluster>) -> BoxFutur
                 ),
             )
         });
+        // Annotations and templateValues are read by values templates.
+        let template_values = c
+            .spec
+            .template_values
+            .as_ref()
+            .map(|v| serde_json::to_string(v).unwrap_or_default());
         let keys = (
-            key_of((c.labels(), deleting, &status_ns, c.spec.paused, reachable)),
+            key_of((
+                c.labels(),
+                deleting,
+                &status_ns,
+                c.spec.paused,
+                reachable,
+                (c.annotations(), template_values),
+            )),
             key_of((c.labels(), deleting, ready)),
         );
         let before = seen.insert(r, keys);

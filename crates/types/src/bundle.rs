@@ -1,6 +1,7 @@
 //! `Bundle`: what to deploy (inline manifests and copied Secrets/ConfigMaps) and where.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
@@ -104,6 +105,16 @@ pub struct BundleSpec {
     /// Stop rolling out changes of this Bundle; what is already deployed stays.
     #[serde(default)]
     pub paused: bool,
+
+    /// Labels the agent sets on the namespaces it creates for this Bundle (Fleet's namespaceLabels). A namespace tender did not create is never changed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "namespace_labels_schema")]
+    pub namespace_labels: BTreeMap<String, String>,
+
+    /// Annotations the agent sets on the namespaces it creates for this Bundle (Fleet's namespaceAnnotations). A namespace tender did not create is never changed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "namespace_annotations_schema")]
+    pub namespace_annotations: BTreeMap<String, String>,
 
     /// Downstream ServiceAccount (`<namespace>/<name>`) the agent impersonates to apply this Bundle, instead of the agent's default one. The downstream owner must allow it (`--allow-bundle-service-accounts`); otherwise the Bundle is refused there with `ServiceAccountNotAllowed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -258,6 +269,54 @@ pub struct BundleTarget {
     /// Overrides the Bundle's keepResources for the clusters of this target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_resources: Option<bool>,
+
+    /// Fleet's per-target chart options, merged over the Bundle's `helm` for the clusters of this target: values deep-merged, valuesFrom by identity, version/chart/repo/releaseName/timeoutSeconds replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub helm: Option<crate::customize::HelmOverride>,
+
+    /// The clusters this target selects get nothing (and lose what they had): the first matching target wins, so a later target does not select them either.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub do_not_deploy: bool,
+
+    /// Set over the Bundle's namespaceLabels key by key for the clusters of this target.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "namespace_labels_schema")]
+    pub namespace_labels: BTreeMap<String, String>,
+
+    /// Set over the Bundle's namespaceAnnotations key by key for the clusters of this target.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "namespace_annotations_schema")]
+    pub namespace_annotations: BTreeMap<String, String>,
+}
+
+/// Label keys and values the apiserver accepts on a Namespace, not tender's own keys.
+pub(crate) fn namespace_labels_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": 32,
+        "additionalProperties": {
+            "type": "string",
+            "maxLength": 63,
+            "pattern": "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+        },
+        "x-kubernetes-validations": [{
+            "rule": "self.all(k, k.size() <= 317 && k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$') && !k.startsWith('tender.dev/') && k != 'app.kubernetes.io/managed-by')",
+            "message": "namespaceLabels keys must be label keys ([prefix/]name) and not tender.dev/… or app.kubernetes.io/managed-by"
+        }]
+    })
+}
+
+/// Annotations on a Namespace, not tender's own keys.
+pub(crate) fn namespace_annotations_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": 32,
+        "additionalProperties": {"type": "string", "maxLength": 4096},
+        "x-kubernetes-validations": [{
+            "rule": "self.all(k, k.size() <= 317 && !k.startsWith('tender.dev/'))",
+            "message": "namespaceAnnotations keys must not use tender.dev/"
+        }]
+    })
 }
 
 /// An object in the Bundle's namespace to copy downstream: a Secret, a ConfigMap, or an object of a kind the hub operator allows.
@@ -293,6 +352,11 @@ impl DownstreamResource {
     /// `apiVersion`, defaulted to `v1`.
     pub fn api_version(&self) -> &str {
         self.api_version.as_deref().unwrap_or("v1")
+    }
+
+    /// Fleet's identity of an entry when target lists merge (kind case-insensitive, name).
+    pub fn fleet_key(&self) -> String {
+        format!("{}|{}", self.kind.to_lowercase(), self.name)
     }
 }
 

@@ -161,6 +161,14 @@ pub struct BundleDeploymentOptions {
     #[schemars(transform = kind_name_list_map)]
     pub downstream_resources: Vec<CopiedResource>,
 
+    /// Labels set on each namespace the agent creates for this deployment (the Bundle's namespaceLabels with the target's over them).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub namespace_labels: std::collections::BTreeMap<String, String>,
+
+    /// Annotations set on each namespace the agent creates for this deployment.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub namespace_annotations: std::collections::BTreeMap<String, String>,
+
     /// The Bundle's `serviceAccount` (`<namespace>/<name>`): the downstream ServiceAccount the agent impersonates to apply this deployment; unset means the agent's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account: Option<String>,

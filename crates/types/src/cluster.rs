@@ -78,6 +78,10 @@ pub struct ClusterSpec {
     /// (in the Cluster's namespace); no agent runs downstream. Unset: pull mode (an agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig_secret_ref: Option<KubeconfigSecretRef>,
+
+    /// Fleet's `templateValues`: values Bundles and HelmOps read as `.ClusterValues` when their Helm values are templated for this cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_values: Option<crate::helm::Values>,
 }
 
 /// A kubeconfig in a Secret of the Cluster's own namespace.

@@ -62,6 +62,9 @@ pub mod reason {
     pub const NAMESPACE_TERMINATING: &str = "NamespaceTerminating";
     /// A BundleDeployment would be larger than the hub's apiserver stores; it is not written.
     pub const TOO_LARGE: &str = "TooLarge";
+    /// A Bundle's Helm values template (`${ }`, Fleet's syntax) failed for some clusters:
+    /// nothing new is written for them; the message names each cluster and the value's path.
+    pub const VALUES_TEMPLATE_FAILED: &str = "ValuesTemplateFailed";
     /// The chart repository or registry could not be reached, or has no such chart (404).
     pub const CHART_REPOSITORY_UNREACHABLE: &str = "ChartRepositoryUnreachable";
     /// The chart repository or registry refused the credentials (401/403).

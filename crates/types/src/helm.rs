@@ -18,7 +18,6 @@ pub(crate) const RELEASE: &str =
 
 /// Fleet's `helm` options that describe a Helm release, refused with the reason.
 const FLEET_ONLY_HELM: &[Unsupported] = &[
-    Unsupported::present("templateValues", "object", "values are never templated"),
     Unsupported::present(
         "valuesFiles",
         "string-array",
@@ -28,16 +27,18 @@ const FLEET_ONLY_HELM: &[Unsupported] = &[
     Unsupported::when_true("atomic", RELEASE),
     Unsupported::when_true("waitForJobs", RELEASE),
     Unsupported::present("maxHistory", "integer", RELEASE),
-    Unsupported::when_false(
-        "disablePreProcess",
-        "values are never pre-processed as templates (as if true)",
-    ),
     Unsupported::when_false("disableDNS", "templates never resolve DNS (as if true)"),
     Unsupported::when_true(
         "skipSchemaValidation",
         "values are always checked against the chart's values.schema.json",
     ),
 ];
+
+/// Declares Fleet's release-only `helm` options on a `helm` object schema (`spec.targets[].helm`)
+/// with CEL rules refusing them.
+pub(crate) fn refuse_release_fields(helm: &mut Schema, path: &str) {
+    refuse_fields(helm, path, FLEET_ONLY_HELM);
+}
 
 /// Declares Fleet's release-only `helm` options on the `helm` property of a spec (`spec.helm`
 /// of a Bundle or HelmOp) with CEL rules refusing them: structural pruning would otherwise drop
@@ -55,26 +56,35 @@ pub(crate) fn fleet_only_helm_fields(spec: &mut Schema) {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "self.chart.startsWith('oci://') ? !has(self.repo) : has(self.repo)",
-        "message": "helm.repo is required for a chart name and not allowed with an oci:// chart reference"
+        "rule": "(has(self.repo) && self.repo != '') && self.repo.startsWith('oci://') ? (!has(self.chart) || self.chart == '') : (has(self.chart) && self.chart != '' && (self.chart.startsWith('oci://') ? !(has(self.repo) && self.repo != '') : (has(self.repo) && self.repo != '')))",
+        "message": "helm needs a chart name with an https:// repo, an oci:// chart reference without repo, or (Fleet's form) an oci:// repo with chart empty or absent"
     },
     {
-        "rule": "!self.chart.startsWith('oci://') || self.chart.matches('^oci://[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+$')",
+        "rule": "!has(self.chart) || !self.chart.startsWith('oci://') || self.chart.matches('^oci://[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+$')",
         "message": "helm.chart must be oci://<host>[:port]/<path>/<name> (lowercase repository path, no tag: set helm.version)"
     },
     {
-        "rule": "!has(self.basicHTTP) || !self.basicHTTP || self.chart.startsWith('oci://')",
+        "rule": "!has(self.repo) || !self.repo.startsWith('oci://') || self.repo.matches('^oci://[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+$')",
+        "message": "helm.repo must be oci://<host>[:port]/<path>/<name> (lowercase repository path, no tag: set helm.version)"
+    },
+    {
+        "rule": "!has(self.basicHTTP) || !self.basicHTTP || (has(self.chart) && self.chart.startsWith('oci://')) || (has(self.repo) && self.repo.startsWith('oci://'))",
         "message": "helm.basicHTTP applies to oci:// charts only (an HTTP repository's scheme is in helm.repo)"
     }
 ]))]
 pub struct HelmOptions {
-    /// Name of the chart in the HTTP chart repository `repo`, or an `oci://registry/path/chart` reference.
-    #[schemars(length(min = 1, max = 512))]
+    /// Name of the chart in the HTTP chart repository `repo`, or an `oci://registry/path/chart` reference. Empty (or absent) when `repo` is an `oci://` reference (Fleet's form).
+    #[serde(
+        default,
+        skip_serializing_if = "String::is_empty",
+        deserialize_with = "null_as_empty"
+    )]
+    #[schemars(length(max = 512), extend("nullable" = true))]
     pub chart: String,
 
-    /// URL of the HTTP(S) chart repository (the directory holding `index.yaml`).
+    /// URL of the HTTP(S) chart repository (the directory holding `index.yaml`), or, as Fleet writes it, the chart's `oci://registry/path/chart` reference with `chart` left empty. Empty means unset, as in Fleet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 2048), regex(pattern = r"^https?://"))]
+    #[schemars(length(max = 2048), regex(pattern = r"^$|^(https?|oci)://"), extend("nullable" = true))]
     pub repo: Option<String>,
 
     /// Chart version: exact (`1.2.3`) or a semver range (`^1.2`, `>=1.0 <2.0`, `1.x`). Empty means the latest stable version.
@@ -117,6 +127,15 @@ pub struct HelmOptions {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub basic_http: bool,
+
+    /// Fleet's switch for values templating: `true` leaves `${ }` in values as written; `false` (the default) renders them per cluster on the hub. See docs/helm.md#values-templated-per-cluster.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub disable_pre_process: bool,
+
+    /// Fleet's `templateValues`: each key's template is rendered per cluster, read as YAML and set as that top-level key of the values (after `values` are templated).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(length(max = 64))]
+    pub template_values: std::collections::BTreeMap<String, String>,
 }
 
 impl HelmOptions {
@@ -129,6 +148,26 @@ impl HelmOptions {
     pub fn is_oci(&self) -> bool {
         self.chart.starts_with("oci://")
     }
+
+    /// tender's form of the chart source: Fleet's `repo: oci://…` (with `chart` empty) becomes
+    /// `chart: oci://…` without `repo`, and an `oci://` chart drops any `repo` (a target may
+    /// set one while the Bundle set the other). The agent reads only this form.
+    pub fn normalized(mut self) -> Self {
+        self.repo = self.repo.filter(|r| !r.is_empty());
+        if let Some(repo) = self.repo.take_if(|r| r.starts_with("oci://")) {
+            self.chart = repo;
+        }
+        if self.is_oci() {
+            self.repo = None;
+        }
+        self
+    }
+}
+
+/// `chart: ` written with nothing after it (null, as Fleet's own e2e assets write an empty
+/// chart) reads as empty.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 /// One source of values: a key of a Secret or of a ConfigMap holding a YAML map.

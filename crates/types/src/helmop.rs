@@ -10,6 +10,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::bundle::{BundleDisplay, BundleSpec, BundleSummary, BundleTarget, CorrectDrift};
+use crate::customize::merge_by_key;
 use crate::helm::{HelmOptions, RELEASE, fleet_only_helm_fields};
 use crate::schema::{
     DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, Unsupported, conditions_list_map, kind_name_list_map,
@@ -139,6 +140,15 @@ pub struct HelmOpSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub depends_on: Vec<crate::BundleRef>,
+    /// Labels the agent sets on the namespaces it creates for this chart. A namespace tender did not create is never changed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::bundle::namespace_labels_schema")]
+    pub namespace_labels: BTreeMap<String, String>,
+
+    /// Annotations the agent sets on the namespaces it creates for this chart. A namespace tender did not create is never changed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "crate::bundle::namespace_annotations_schema")]
+    pub namespace_annotations: BTreeMap<String, String>,
 }
 
 impl HelmOpSpec {
@@ -149,6 +159,19 @@ impl HelmOpSpec {
         let mut helm = self.helm.clone();
         let mut copies = self.downstream_resources.clone();
         let mut targets = self.targets.clone();
+        // Fleet merges a target's downstreamResources with the HelmOp's by identity (kind,
+        // name); a Bundle target's list replaces the Bundle's, so the merged list goes there.
+        for t in &mut targets {
+            if let Some(list) = t.downstream_resources.as_mut().filter(|l| !l.is_empty()) {
+                *list = merge_by_key(
+                    &self.downstream_resources,
+                    list,
+                    DownstreamResource::fleet_key,
+                );
+            } else {
+                t.downstream_resources = None;
+            }
+        }
         if let Some(secret) = &self.helm_secret_name {
             helm.helm_secret_name = Some(secret.clone());
             add_secret(&mut copies, secret);
@@ -174,6 +197,8 @@ impl HelmOpSpec {
             diff: self.diff.clone(),
             polling_interval: self.polling_interval.clone(),
             depends_on: self.depends_on.clone(),
+            namespace_labels: self.namespace_labels.clone(),
+            namespace_annotations: self.namespace_annotations.clone(),
             ..BundleSpec::default()
         }
     }
@@ -273,16 +298,6 @@ const FLEET_ONLY_SPEC: &[Unsupported] = &[
         "deleteCRDResources",
         "CRDs are deleted like any other object unless keepResources",
     ),
-    Unsupported::present(
-        "namespaceLabels",
-        "object",
-        "the agent does not label the namespaces it creates",
-    ),
-    Unsupported::present(
-        "namespaceAnnotations",
-        "object",
-        "the agent does not annotate the namespaces it creates",
-    ),
     Unsupported::present("yaml", "object", "GitOps-only"),
     Unsupported::present("kustomize", "object", "GitOps-only"),
     Unsupported::present("resources", "array", "inline manifests go in a Bundle"),
@@ -294,25 +309,6 @@ const FLEET_ONLY_TARGET: &[Unsupported] = &[
         "namespace",
         "string",
         "tender's per-target name is targetNamespace",
-    ),
-    Unsupported::present(
-        "helm",
-        "object",
-        "the chart and its values are the same for every target",
-    ),
-    Unsupported::when_true(
-        "doNotDeploy",
-        "a target always deploys to the clusters it matches",
-    ),
-    Unsupported::present(
-        "namespaceLabels",
-        "object",
-        "the agent does not label the namespaces it creates",
-    ),
-    Unsupported::present(
-        "namespaceAnnotations",
-        "object",
-        "the agent does not annotate the namespaces it creates",
     ),
     Unsupported::present(
         "serviceAccount",
@@ -455,12 +451,12 @@ mod tests {
         );
         assert_eq!(
             names(b.targets[0].downstream_resources.as_ref().unwrap()),
-            ["Secret/repo-auth"],
-            "listed once"
+            ["ConfigMap/repo-auth", "Secret/repo-auth"],
+            "merged with the HelmOp's by identity, listed once"
         );
-        assert_eq!(
-            names(b.targets[1].downstream_resources.as_ref().unwrap()),
-            ["Secret/repo-auth"]
+        assert!(
+            b.targets[1].downstream_resources.is_none(),
+            "an empty list keeps the HelmOp's, as in Fleet"
         );
         assert!(b.targets[2].downstream_resources.is_none());
     }
@@ -472,7 +468,7 @@ mod tests {
         let text = spec.to_string();
         for needle in [
             "spec.helm.atomic: true is not supported by tender",
-            "spec.targets[].doNotDeploy: true is not supported by tender",
+            "spec.targets[].helm.atomic: true is not supported by tender",
             "spec.correctDrift.force: true is not supported by tender",
             "exactly one of clusterName",
         ] {

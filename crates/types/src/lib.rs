@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod cluster_group;
 pub mod conditions;
 pub mod copy;
+pub mod customize;
 pub mod diff;
 pub mod digest;
 pub mod gate;
@@ -23,6 +24,7 @@ pub mod namespaces;
 pub mod ownership;
 pub mod service_account;
 pub mod targeting;
+pub mod template;
 pub mod upstream;
 
 mod schema;

@@ -12,6 +12,8 @@
 //! - An absent criterion does not select anything on its own. If a target sets several (the
 //!   CRD forbids it, but old objects may), all must hold.
 //! - Paused clusters are matched like any other: pausing is the hub's concern.
+//! - A cluster whose first matching target has `doNotDeploy` is not matched at all (Fleet's
+//!   rule): no later target selects it.
 
 use std::collections::BTreeMap;
 
@@ -108,6 +110,12 @@ pub struct ResolvedTarget {
     pub downstream_resources: Vec<DownstreamResource>,
     /// Effective `keepResources`.
     pub keep_resources: bool,
+    /// The target's `helm`, to merge over the Bundle's ([`crate::customize::merge_helm`]).
+    pub helm: Option<crate::customize::HelmOverride>,
+    /// Effective `namespaceLabels` (the target's set over the Bundle's).
+    pub namespace_labels: BTreeMap<String, String>,
+    /// Effective `namespaceAnnotations` (the target's set over the Bundle's).
+    pub namespace_annotations: BTreeMap<String, String>,
 }
 
 /// A cluster selected by a Bundle.
@@ -145,7 +153,19 @@ pub fn resolve_target(spec: &BundleSpec, target: &BundleTarget) -> ResolvedTarge
             .clone()
             .unwrap_or_else(|| spec.downstream_resources.clone()),
         keep_resources: target.keep_resources.unwrap_or(spec.keep_resources),
+        helm: target.helm.clone(),
+        namespace_labels: over(&spec.namespace_labels, &target.namespace_labels),
+        namespace_annotations: over(&spec.namespace_annotations, &target.namespace_annotations),
     }
+}
+
+fn over(
+    base: &BTreeMap<String, String>,
+    top: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut m = base.clone();
+    m.extend(top.iter().map(|(k, v)| (k.clone(), v.clone())));
+    m
 }
 
 /// The clusters a Bundle selects, each once, in the order of `clusters`.
@@ -161,6 +181,10 @@ pub fn match_targets(
     for cluster in clusters {
         for (index, target) in spec.targets.iter().enumerate() {
             if target_selects(index, target, cluster, groups)? {
+                // First match wins: a doNotDeploy target keeps the cluster from later ones.
+                if target.do_not_deploy {
+                    break;
+                }
                 matches.push(Match {
                     cluster: cluster.name.to_string(),
                     target_index: index,

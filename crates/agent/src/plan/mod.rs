@@ -9,8 +9,8 @@ mod phases;
 mod workload;
 
 pub use object::{
-    Mode, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, judge, namespace_op,
-    needs_recreate, object_plan, readiness,
+    Mode, NamespaceMeta, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, judge,
+    namespace_op, needs_recreate, object_plan, readiness,
 };
 pub use phases::{
     DeployPlan, Entry, Found, FoundHook, HOOK_RUN, HookProgress, HookStep, Observed, Phase,

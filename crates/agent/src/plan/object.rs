@@ -243,19 +243,37 @@ pub fn extra_data_patch(desired: &Desired, live: &Value) -> Option<Value> {
     (!patch.is_empty()).then_some(Value::Object(patch))
 }
 
-/// Creates namespace `name` downstream (marked managed by tender); only planned when absent.
-pub fn namespace_op(name: &str) -> Op {
+/// A BundleDeployment's `namespaceLabels` and `namespaceAnnotations`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NamespaceMeta<'a> {
+    /// Labels for a namespace the agent creates.
+    pub labels: Option<&'a std::collections::BTreeMap<String, String>>,
+    /// Annotations for a namespace the agent creates.
+    pub annotations: Option<&'a std::collections::BTreeMap<String, String>>,
+}
+
+/// Creates namespace `name` downstream (marked managed by tender, with the Bundle's
+/// `namespaceLabels`/`namespaceAnnotations`); only planned when absent.
+pub fn namespace_op(name: &str, meta: NamespaceMeta<'_>) -> Op {
     // Created, never applied: the agent's identity needs only `create` on namespaces, and a
-    // namespace somebody else made is not the agent's to change.
+    // namespace somebody else made is not the agent's to change
+    // (decision 0101-namespace-labels-at-creation).
+    let mut labels_map = serde_json::Map::new();
+    for (k, v) in meta.labels.into_iter().flatten() {
+        labels_map.insert(k.clone(), Value::String(v.clone()));
+    }
+    // tender's own mark last: a Bundle's keys never replace it (the CRD refuses them too).
+    labels_map.insert(labels::MANAGED_BY.into(), labels::MANAGED_BY_VALUE.into());
+    let mut metadata = json!({ "name": name, "labels": labels_map });
+    if let Some(a) = meta.annotations.filter(|a| !a.is_empty()) {
+        metadata["annotations"] = json!(a);
+    }
     Op::Create {
         key: ObjectKey::of::<Namespace>(None, name),
         body: json!({
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": {
-                "name": name,
-                "labels": { labels::MANAGED_BY: labels::MANAGED_BY_VALUE },
-            },
+            "metadata": metadata,
         }),
     }
 }

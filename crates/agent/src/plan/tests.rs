@@ -271,3 +271,36 @@ fn compare_patches_are_neither_applied_nor_judged() {
         2
     );
 }
+
+#[test]
+fn a_created_namespace_carries_the_bundles_labels_but_keeps_tenders_mark() {
+    let labels = BTreeMap::from([
+        ("team".to_string(), "web".to_string()),
+        (
+            tender_types::labels::MANAGED_BY.to_string(),
+            "someone-else".to_string(),
+        ),
+    ]);
+    let annotations = BTreeMap::from([("owner".to_string(), "a".to_string())]);
+    let op = namespace_op(
+        "apps",
+        NamespaceMeta {
+            labels: Some(&labels),
+            annotations: Some(&annotations),
+        },
+    );
+    let tender_runtime::Op::Create { body, .. } = op else {
+        panic!("a namespace is only ever created");
+    };
+    assert_eq!(body["metadata"]["labels"]["team"], "web");
+    assert_eq!(
+        body["metadata"]["labels"][tender_types::labels::MANAGED_BY],
+        tender_types::labels::MANAGED_BY_VALUE
+    );
+    assert_eq!(body["metadata"]["annotations"]["owner"], "a");
+    let tender_runtime::Op::Create { body, .. } = namespace_op("x", NamespaceMeta::default())
+    else {
+        panic!()
+    };
+    assert!(body["metadata"].get("annotations").is_none());
+}

@@ -134,6 +134,9 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
             labels: c.metadata.labels.as_ref().unwrap_or(no_labels()),
             namespace: namespace.as_deref(),
             paused: c.spec.paused,
+            workspace: &ns,
+            annotations: c.metadata.annotations.as_ref().unwrap_or(no_labels()),
+            template_values: c.spec.template_values.as_ref().map(|v| &v.0),
         })
         .collect();
     let groups = observe::groups_in(ctx, &ns);
@@ -250,6 +253,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
             facts.unsupported = plan.unsupported.into_iter().collect();
             facts.too_large.sort();
             facts.copy_disabled = plan.copy_disabled;
+            facts.template_failed = plan.template_failed;
             facts.copies = plan.copies;
         }
     }

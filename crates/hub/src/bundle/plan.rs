@@ -9,6 +9,7 @@ use tender_types::{
     BundleDeploymentOptions, BundleDeploymentSpec, BundleSpec, CopiedResource, DownstreamResource,
     HelmOptions, Manifest, SourceKind, hash, names, namespaces,
 };
+use tender_types::{customize, template};
 
 /// A Cluster as planning sees it.
 #[derive(Debug, Clone, Copy)]
@@ -21,6 +22,12 @@ pub struct ClusterView<'a> {
     pub namespace: Option<&'a str>,
     /// `spec.paused` of the Cluster.
     pub paused: bool,
+    /// The Cluster's own namespace (the workspace): `.ClusterNamespace` in values templates.
+    pub workspace: &'a str,
+    /// Its annotations (`.ClusterAnnotations`).
+    pub annotations: &'a BTreeMap<String, String>,
+    /// Its `spec.templateValues` (`.ClusterValues`).
+    pub template_values: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// What the hub knows about one referenced source.
@@ -108,6 +115,9 @@ pub struct DesiredSpec {
     pub paused: bool,
     /// Namespaces, flags and the copies with their content hashes.
     pub options: BundleDeploymentOptions,
+    /// This cluster's chart when it differs from the Plan's (a target's `helm`, templated
+    /// values); `None`: the Plan's.
+    pub helm: Option<HelmOptions>,
 }
 
 /// Everything a Bundle should have, and why not, when it cannot.
@@ -132,8 +142,12 @@ pub struct Plan {
     pub copied_bytes: usize,
     /// The Bundle's manifests, the same in every BundleDeployment.
     pub resources: Vec<Manifest>,
-    /// The Bundle's Helm options, the same in every BundleDeployment.
+    /// The Bundle's Helm options (in tender's chart form), what a BundleDeployment gets unless
+    /// its cluster's differ ([`DesiredSpec::helm`]).
     pub helm: Option<HelmOptions>,
+    /// Clusters whose values template failed (`cluster: path: why`), sorted: nothing new is
+    /// written for them, what they have stays.
+    pub template_failed: Vec<String>,
 }
 
 impl Plan {
@@ -159,7 +173,7 @@ impl Plan {
             paused: s.paused,
             options: s.options.clone(),
             resources: self.resources.clone(),
-            helm: self.helm.clone(),
+            helm: s.helm.clone().or_else(|| self.helm.clone()),
         })
     }
 }
@@ -216,7 +230,7 @@ pub fn plan(
 
     let mut plan = Plan {
         resources: spec.resources.clone(),
-        helm: spec.helm.clone(),
+        helm: spec.helm.clone().map(HelmOptions::normalized),
         ..Plan::default()
     };
     for m in matches {
@@ -262,6 +276,14 @@ pub fn plan(
                 }
             }
         }
+        let helm = match cluster_helm(plan.helm.as_ref(), &resolved, cluster) {
+            Ok(h) => h,
+            Err(e) => {
+                plan.template_failed.push(format!("{}: {e}", m.cluster));
+                blocked = true;
+                None
+            }
+        };
         if blocked {
             plan.deployments.push(DesiredDeployment {
                 cluster: m.cluster,
@@ -296,15 +318,18 @@ pub fn plan(
             service_account: spec.service_account.clone(),
             diff: spec.diff.clone(),
             rollout_on_copy_change: spec.rollout_on_copy_change,
+            namespace_labels: resolved.namespace_labels.clone(),
+            namespace_annotations: resolved.namespace_annotations.clone(),
         };
         let bd_spec = DesiredSpec {
             deployment_id: hash::deployment_id_with_helm(
                 &spec.resources,
                 &options,
-                spec.helm.as_ref(),
+                helm.as_ref().or(plan.helm.as_ref()),
             ),
             paused: spec.paused || cluster.paused,
             options,
+            helm,
         };
         plan.copies += copies.len();
         plan.copied_bytes += copies.iter().map(|c| c.bytes).sum::<usize>();
@@ -315,8 +340,41 @@ pub fn plan(
             copies,
         });
     }
+    plan.template_failed.sort();
     Ok(plan)
+}
+
+/// The chart for one cluster: the target's `helm` merged over the Bundle's and the values
+/// pre-processed with the cluster's context (tender_types::customize). `Ok(None)` when it is
+/// the Bundle's as it stands; `Err` names the failing value's path, never a value.
+fn cluster_helm(
+    base: Option<&HelmOptions>,
+    resolved: &targeting::ResolvedTarget,
+    cluster: &ClusterView<'_>,
+) -> Result<Option<HelmOptions>, customize::ValuesError> {
+    let Some(base) = base else {
+        return Ok(None);
+    };
+    let mut helm = match &resolved.helm {
+        Some(o) => customize::merge_helm(base, o).normalized(),
+        None => base.clone(),
+    };
+    let has_values = helm.values.as_ref().is_some_and(|v| !v.0.is_empty());
+    if has_values || !helm.template_values.is_empty() {
+        let ctx = template::context(
+            cluster.name,
+            cluster.workspace,
+            cluster.labels,
+            cluster.annotations,
+            cluster.template_values,
+        );
+        customize::preprocess(&mut helm, cluster.labels, &ctx)?;
+    }
+    Ok((&helm != base).then_some(helm))
 }
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod fleet_tests;

@@ -79,6 +79,8 @@ pub struct BundleFacts {
     pub too_large: Vec<String>,
     /// `downstreamResources` set but the copy feature is off.
     pub copy_disabled: bool,
+    /// Clusters whose values template failed (`cluster: path: why`), sorted.
+    pub template_failed: Vec<String>,
     /// Number of copies in place or written.
     pub copies: usize,
     /// `spec.paused`.
@@ -184,6 +186,16 @@ pub fn bundle_status(
         )
     } else if copy_reason == reason::SOURCE_NOT_FOUND || copy_reason == reason::KIND_NOT_ALLOWED {
         (false, copy_reason, copy_message.clone(), "SourceNotFound")
+    } else if !facts.template_failed.is_empty() {
+        (
+            false,
+            reason::VALUES_TEMPLATE_FAILED,
+            format!(
+                "Helm values template failed for {}; nothing new is written for those clusters, what they have stays, the other clusters deploy",
+                facts.template_failed.join("; ")
+            ),
+            "TemplateFailed",
+        )
     } else if !facts.too_large.is_empty() {
         (
             false,

@@ -38,6 +38,7 @@ fn plan_for(clusters: &[&str]) -> Plan {
                     deployment_id: "id".into(),
                     paused: false,
                     options: BundleDeploymentOptions::default(),
+                    helm: None,
                 }),
                 copies: Vec::new(),
             })

@@ -17,6 +17,7 @@ fn desired() -> DesiredDeployment {
             deployment_id: "id-1".into(),
             paused: false,
             options: BundleDeploymentOptions::default(),
+            helm: None,
         }),
         copies: vec![copy_of("db")],
     }

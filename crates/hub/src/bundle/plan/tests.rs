@@ -28,6 +28,7 @@ fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
 struct World {
     labels: Vec<BTreeMap<String, String>>,
     names: Vec<String>,
+    annotations: BTreeMap<String, String>,
 }
 
 impl World {
@@ -36,7 +37,11 @@ impl World {
         let labels = (0..n)
             .map(|i| labels(&[("env", if i % 2 == 0 { "prod" } else { "dev" })]))
             .collect();
-        Self { labels, names }
+        Self {
+            labels,
+            names,
+            annotations: BTreeMap::new(),
+        }
     }
     fn views(&self) -> Vec<ClusterView<'_>> {
         self.names
@@ -47,6 +52,9 @@ impl World {
                 labels,
                 namespace: Some(name.as_str()),
                 paused: false,
+                workspace: "ws",
+                annotations: &self.annotations,
+                template_values: None,
             })
             .collect()
     }

@@ -1,0 +1,355 @@
+//! Issue 24, item 7: Fleet's own HelmOps (docs, e2e assets) and `fleet.yaml` helm options
+//! (fleet-examples, fleet-test-data, integration assets) written as tender objects in
+//! `e2e/fixtures/fleet/` — only the apiVersion and the chart source changed, each file naming
+//! its source — applied to a real hub with two real agents, each with its expected outcome:
+//! deployed on the clusters with the values Fleet would give each one, or refused with the
+//! documented reason. docs/migrating-from-fleet.md states the same result per field.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+use tender_e2e::charts::{Route, RouteRepo, package_chart};
+use tender_e2e::fixture::{Agent, WAIT, Workspace};
+use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
+use tender_types::{Bundle, Cluster, HelmOp};
+
+/// What applying a fixture must do.
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    /// Deployed on both clusters (`local`: env=dev, `east`: env=prod): the chart's
+    /// `<release>-values` ConfigMap in `namespace` holds values containing, per cluster, the
+    /// given subset.
+    Deploys {
+        release: &'static str,
+        namespace: &'static str,
+        local: &'static str,
+        east: &'static str,
+    },
+    /// Accepted; no target selects a cluster (Fleet's page omits targets).
+    Accepted,
+    /// Accepted; the BundleDeployments carry the chart in tender's form (`chart: oci://…`).
+    OciNormalised,
+    /// Refused by the apiserver with a message containing this.
+    Refused(&'static str),
+}
+
+/// `@NS@` in a fixture and in `Deploys::namespace`.
+const NS: &str = "@NS@";
+
+/// Every fixture and its outcome (the migration guide's table says the same).
+const FIXTURES: &[(&str, Expect)] = &[
+    ("docs-helm-ops.yaml", Expect::Accepted),
+    (
+        "docs-helm-ops-absolute-url.yaml",
+        Expect::Refused("helm needs a chart name with an https:// repo"),
+    ),
+    (
+        "e2e-helmop-template.yaml",
+        Expect::Deploys {
+            release: "helmop-template",
+            namespace: NS,
+            local: "{}",
+            east: "{}",
+        },
+    ),
+    ("e2e-helmop-template-oci.yaml", Expect::OciNormalised),
+    (
+        "e2e-policy-helmop-minimal.yaml",
+        Expect::Deploys {
+            release: "helmop-minimal",
+            namespace: NS,
+            local: "{}",
+            east: "{}",
+        },
+    ),
+    (
+        "e2e-multi-cluster-helmop.yaml",
+        Expect::Deploys {
+            release: "testhelm",
+            namespace: "default",
+            local: "{}",
+            east: "{}",
+        },
+    ),
+    (
+        "e2e-multi-cluster-helmop-downstream-resources.yaml",
+        Expect::Accepted,
+    ),
+    (
+        "examples-multi-cluster-helm.yaml",
+        Expect::Deploys {
+            release: "mc-helm",
+            namespace: "fleet-mc-helm-example",
+            local: r#"{"replication": false}"#,
+            east: r#"{"serviceType": "LoadBalancer", "replicas": 3}"#,
+        },
+    ),
+    (
+        "test-data-helm-cluster-values.yaml",
+        Expect::Deploys {
+            release: "helm-cluster-values",
+            namespace: NS,
+            local: r#"{"name": "name-local", "image": {"pullPolicy": "IfNotPresent",
+                "repository": "rancher/mirrored-library-busybox"}, "clusterLabels": {"env": "dev"},
+                "clusterValues": {}, "policy": "<no value>", "hostnames": ["one", "two", "three"],
+                "annotations": {"app": "fleet", "more": "data"}, "replicaCount": 1}"#,
+            east: r#"{"name": "name-east", "image": {"pullPolicy": "Always"},
+                "clusterValues": {"policy": "Always"}, "policy": "Always"}"#,
+        },
+    ),
+    (
+        "test-data-namespace-labels.yaml",
+        Expect::Deploys {
+            release: "simple-chart",
+            namespace: "ns-1",
+            local: r#"{"name": "example-value"}"#,
+            east: r#"{"name": "example-value"}"#,
+        },
+    ),
+    (
+        "examples-rancher-monitoring-diff.yaml",
+        Expect::Deploys {
+            release: "rancher-monitoring",
+            namespace: NS,
+            local: "{}",
+            east: "{}",
+        },
+    ),
+    ("integration-dependson-valid.yaml", Expect::Accepted),
+];
+
+const CHART: &str = "echo";
+const VERSION: &str = "0.1.0";
+
+/// The chart every fixture deploys: `<release>-values`, a ConfigMap holding the values it saw.
+const TEMPLATE: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-values\ndata:\n  values.json: {{ toJson .Values | quote }}\n";
+
+async fn chart_repo() -> RouteRepo {
+    let helm = ensure_helm().expect("helm");
+    let root = std::env::temp_dir().join(unique_name("fleet-conformance-chart"));
+    let archive = package_chart(
+        &helm,
+        &root.join("work"),
+        &root.join("out"),
+        CHART,
+        VERSION,
+        &[("templates/values.yaml", TEMPLATE.as_bytes())],
+    )
+    .expect("packaging the chart");
+    let repo = RouteRepo::start().await.expect("chart repository");
+    let tgz = format!("{CHART}-{VERSION}.tgz");
+    repo.route(
+        "index.yaml",
+        Route::Body(
+            tender_e2e::charts::index_yaml(CHART, &[(VERSION, &format!("{}/{tgz}", repo.url))])
+                .into_bytes(),
+        ),
+    );
+    repo.route(&tgz, Route::Body(archive));
+    repo
+}
+
+async fn helm_agent(ws: &Workspace, cluster: &str, n: usize) -> Agent {
+    let helm: PathBuf = ensure_helm().expect("building helm");
+    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
+    ws.agent_configured(cluster, &downstream_name(n), |c| {
+        c.helm_path = helm;
+        c.chart_cache_dir = cache;
+    })
+    .await
+}
+
+fn fixture(file: &str, repo: &str, ns: &str) -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/fleet")
+        .join(file);
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("@REPO@", repo)
+        .replace("@CHART@", CHART)
+        .replace("@VERSION@", VERSION)
+        .replace(NS, ns);
+    serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"))
+}
+
+fn resource(kind: &str) -> ApiResource {
+    match kind {
+        "HelmOp" => ApiResource::erase::<HelmOp>(&()),
+        "Bundle" => ApiResource::erase::<Bundle>(&()),
+        k => panic!("unexpected kind {k}"),
+    }
+}
+
+/// The values the chart saw on one cluster (its ConfigMap), once it is there.
+async fn values_seen(down: &kube::Client, ns: &str, release: &str) -> Value {
+    let api = Api::<ConfigMap>::namespaced(down.clone(), ns);
+    let name = format!("{release}-values");
+    let text = eventually(&format!("{ns}/{name} deployed"), WAIT, || async {
+        Ok::<_, kube::Error>(
+            api.get_opt(&name)
+                .await?
+                .and_then(|c| c.data?.get("values.json").cloned()),
+        )
+    })
+    .await;
+    serde_json::from_str(&text).unwrap()
+}
+
+/// Waits until `bundle`'s BundleDeployment on `cluster` is applied at its deploymentID; on
+/// timeout, fails with its status (what the agent said).
+async fn wait_applied(ws: &Workspace, cluster: &str, bundle: &str, file: &str) {
+    let bds = ws.bds(cluster);
+    let done = tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(Some(bd)) = bds.get_opt(bundle).await
+                && bd.status.as_ref().is_some_and(|s| {
+                    s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                })
+            {
+                return;
+            }
+            // Polling the hub's apiserver; the timeout above bounds it.
+            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    if done.is_err() {
+        let bd = bds.get_opt(bundle).await.unwrap();
+        let b = Api::<Bundle>::namespaced(ws.hub.clone(), &ws.ns)
+            .get_opt(bundle)
+            .await
+            .unwrap();
+        eprintln!(
+            "Bundle {bundle}: {:#?}",
+            b.and_then(|b| b.status).map(|s| s.conditions)
+        );
+        panic!(
+            "{file} on {cluster}: not applied: {:#?}",
+            bd.map(|b| b.status)
+        );
+    }
+}
+
+/// Whether every key of `want` is in `got` with the same value (maps compared recursively).
+fn contains(got: &Value, want: &Value) -> bool {
+    match (got, want) {
+        (Value::Object(g), Value::Object(w)) => w
+            .iter()
+            .all(|(k, v)| g.get(k).is_some_and(|gv| contains(gv, v))),
+        _ => got == want,
+    }
+}
+
+#[tokio::test]
+async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_outcome() {
+    let repo = chart_repo().await;
+    let ws = Workspace::new(shared_env(2).await, "fleet-conf").await;
+    let (_local, _east) = (
+        helm_agent(&ws, "local", 1).await,
+        helm_agent(&ws, "east", 2).await,
+    );
+    let clusters = Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns);
+    for (name, patch) in [
+        ("local", json!({"metadata": {"labels": {"env": "dev"}}})),
+        (
+            "east",
+            json!({"metadata": {"labels": {"env": "prod"}}, "spec": {"templateValues": {"policy": "Always"}}}),
+        ),
+    ] {
+        clusters
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    ws.source_secret("repo-auth", &[("username", "u"), ("password", "p")])
+        .await;
+    ws.source_secret(
+        "my-top-secret-helm-access",
+        &[("username", "u"), ("password", "p")],
+    )
+    .await;
+    ws.source_secret("app-values", &[("values.yaml", "from: secret\n")])
+        .await;
+    let downs = [
+        ws.downstream(&downstream_name(1)).await,
+        ws.downstream(&downstream_name(2)).await,
+    ];
+    let ns = unique_name("fleet-conf");
+
+    for (file, expect) in FIXTURES {
+        let mut obj = fixture(file, &repo.url, &ns);
+        obj["metadata"]["namespace"] = json!(ws.ns);
+        let kind = obj["kind"].as_str().unwrap().to_string();
+        let name = obj["metadata"]["name"].as_str().unwrap().to_string();
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ws.hub.clone(), &ws.ns, &resource(&kind));
+        let applied = api
+            .patch(
+                &name,
+                &PatchParams::apply("fleet-conformance"),
+                &Patch::Apply(&obj),
+            )
+            .await;
+        match *expect {
+            Expect::Refused(why) => {
+                let e = applied.expect_err(file).to_string();
+                assert!(e.contains(why), "{file}: {e}");
+            }
+            Expect::Accepted => {
+                applied.unwrap_or_else(|e| panic!("{file}: {e}"));
+            }
+            Expect::OciNormalised => {
+                applied.unwrap_or_else(|e| panic!("{file}: {e}"));
+                let bd = eventually(&format!("{file}: BundleDeployment"), WAIT, || async {
+                    ws.bds("local").get_opt(&name).await
+                })
+                .await;
+                let helm = bd.spec.helm.unwrap();
+                assert_eq!(
+                    helm.chart,
+                    "oci://registry.example:5000/charts/sleeper-chart"
+                );
+                assert_eq!(helm.repo, None, "{file}: tender's form reaches the agent");
+            }
+            Expect::Deploys {
+                release,
+                namespace,
+                local,
+                east,
+            } => {
+                applied.unwrap_or_else(|e| panic!("{file}: {e}"));
+                for c in ["local", "east"] {
+                    wait_applied(&ws, c, &name, file).await;
+                }
+                let target_ns = if namespace == NS {
+                    ns.as_str()
+                } else {
+                    namespace
+                };
+                for (down, want) in downs.iter().zip([local, east]) {
+                    let got = values_seen(down, target_ns, release).await;
+                    let want: Value = serde_json::from_str(want).unwrap();
+                    assert!(contains(&got, &want), "{file}: got {got}, want {want}");
+                }
+            }
+        }
+    }
+
+    // The namespace-labels fixture: Fleet's labels on the namespace the agent created, the
+    // target's for `local` only.
+    for (down, extra) in downs.iter().zip([true, false]) {
+        let n = Api::<Namespace>::all(down.clone())
+            .get("ns-1")
+            .await
+            .unwrap();
+        let labels = n.metadata.labels.unwrap_or_default();
+        let annotations = n.metadata.annotations.unwrap_or_default();
+        assert_eq!(labels.get("foo").map(String::as_str), Some("bar"));
+        assert_eq!(annotations.get("foo").map(String::as_str), Some("bar"));
+        assert_eq!(labels.contains_key("this.is/a"), extra);
+        assert_eq!(annotations.contains_key("this.is/another"), extra);
+    }
+}
