@@ -247,3 +247,167 @@ async fn a_too_short_or_malformed_interval_is_refused() {
         assert!(err.to_string().contains(says), "{interval}: {err}");
     }
 }
+
+/// Packages chart `web` at `version` into `repo_dir` and re-indexes it: a Deployment whose
+/// replicas come from the values, and a ConfigMap with the rendered greeting, zone and version.
+fn publish_web_chart(repo_dir: &std::path::Path, version: &str) {
+    let helm = ensure_helm().unwrap();
+    let dir = std::env::temp_dir()
+        .join(unique_name("tender-web-chart"))
+        .join("web");
+    std::fs::create_dir_all(dir.join("templates")).unwrap();
+    std::fs::write(
+        dir.join("Chart.yaml"),
+        format!("apiVersion: v2\nname: web\nversion: {version}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("values.yaml"),
+        "greeting: \"\"\nzone: \"\"\nreplicas: 1\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("templates/config.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-config\ndata:\n  \
+         greeting: {{ .Values.greeting | quote }}\n  zone: {{ .Values.zone | quote }}\n  \
+         version: {{ .Chart.Version | quote }}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("templates/deployment.yaml"),
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: {{ .Release.Name }}\n\
+         spec:\n  replicas: {{ .Values.replicas }}\n  selector:\n    matchLabels: {app: web}\n  \
+         template:\n    metadata:\n      labels: {app: web}\n      annotations: {chart: {{ .Chart.Version | quote }}}\n    \
+         spec:\n      containers:\n      - {name: web, image: registry.example/web:1}\n",
+    )
+    .unwrap();
+    run_helm(
+        &helm,
+        &[
+            "package",
+            dir.to_str().unwrap(),
+            "-d",
+            repo_dir.to_str().unwrap(),
+        ],
+    )
+    .unwrap();
+    run_helm(&helm, &["repo", "index", repo_dir.to_str().unwrap()]).unwrap();
+}
+
+/// Issue 24's "done when", as one Fleet HelmOp: per-target values, `${ .ClusterLabels.… }`
+/// templating, a version range with `pollingInterval` and a `comparePatches` entry deploy on
+/// two clusters with different values, follow a newly published chart version, and leave the
+/// replicas an HPA set alone — across that upgrade too.
+#[tokio::test]
+async fn a_fleet_helmop_with_targets_templates_polling_and_compare_patches() {
+    let repo = ChartRepo::start(&["0.1.0"], USER, PASSWORD)
+        .await
+        .expect("starting the chart repository");
+    publish_web_chart(&repo.dir, "1.0.0");
+    let ws = Workspace::new(shared_env(2).await, "fleet-done-when").await;
+    let (_east, _west) = (
+        helm_agent(&ws, "east", 1).await,
+        helm_agent(&ws, "west", 2).await,
+    );
+    for (cluster, env) in [("east", "prod"), ("west", "dev")] {
+        Api::<tender_types::Cluster>::namespaced(ws.hub.clone(), &ws.ns)
+            .patch(
+                cluster,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"env": env}}})),
+            )
+            .await
+            .unwrap();
+    }
+    ws.source_secret("repo-auth", &[("username", USER), ("password", PASSWORD)])
+        .await;
+    let ns = unique_name("fleet-web");
+    let body = json!({
+        "apiVersion": "tender.dev/v1alpha1", "kind": "HelmOp",
+        "metadata": {"name": "web"},
+        "spec": {
+            "helm": {"releaseName": "web", "repo": repo.url, "chart": "web",
+                     "version": ">=1.0.0 <2.0.0",
+                     "values": {"greeting": "hello-${ .ClusterLabels.env }", "replicas": 2}},
+            "helmSecretName": "repo-auth",
+            "pollingInterval": INTERVAL,
+            "namespace": ns,
+            "diff": {"comparePatches": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                         "name": "web", "namespace": ns,
+                                         "operations": [{"op": "remove", "path": "/spec/replicas"}]}]},
+            "targets": [
+                {"clusterName": "east", "helm": {"values": {"zone": "eu"}}},
+                {"clusterName": "west", "helm": {"values": {"zone": "us"}}}
+            ]
+        }
+    });
+    Api::<HelmOp>::namespaced(ws.hub.clone(), &ws.ns)
+        .patch("web", &PatchParams::apply("e2e"), &Patch::Apply(&body))
+        .await
+        .unwrap();
+
+    let mut configs = Vec::new();
+    let mut deployments = Vec::new();
+    for n in [1, 2] {
+        let down = ws.downstream(&downstream_name(n)).await;
+        configs.push(Api::<ConfigMap>::namespaced(down.clone(), &ns));
+        deployments.push(Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(
+            down, &ns,
+        ));
+    }
+    let data = |api: Api<ConfigMap>| async move {
+        api.get_opt("web-config")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|c| c.data)
+            .unwrap_or_default()
+    };
+    let expect = [("hello-prod", "eu"), ("hello-dev", "us")];
+    for version in ["1.0.0", "1.1.0"] {
+        if version == "1.1.0" {
+            // An HPA (another field manager) scales east's Deployment, then a new version
+            // of the chart is published.
+            deployments[0]
+                .patch(
+                    "web",
+                    &PatchParams::apply("e2e-hpa").force(),
+                    &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                                         "metadata": {"name": "web"}, "spec": {"replicas": 5}})),
+                )
+                .await
+                .unwrap();
+            publish_web_chart(&repo.dir, "1.1.0");
+        }
+        for (api, (greeting, zone)) in configs.iter().zip(expect) {
+            eventually(&format!("{greeting}/{zone} at {version}"), LOOK, || async {
+                let d = data(api.clone()).await;
+                let ok = d.get("greeting").map(String::as_str) == Some(greeting)
+                    && d.get("zone").map(String::as_str) == Some(zone)
+                    && d.get("version").map(String::as_str) == Some(version);
+                Ok::<_, kube::Error>(ok.then_some(()))
+            })
+            .await;
+        }
+        polled(&ws, version, true).await;
+    }
+    // The upgrade changed the pod template and left the replicas the HPA set.
+    let replicas = |api: Api<k8s_openapi::api::apps::v1::Deployment>| async move {
+        let d = api.get("web").await.unwrap();
+        let chart = d.spec.as_ref().and_then(|s| {
+            s.template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get("chart").cloned())
+        });
+        (d.spec.and_then(|s| s.replicas), chart)
+    };
+    stays(
+        "east's replicas as the HPA set them, at chart 1.1.0",
+        Duration::from_secs(10),
+        &(Some(5), Some("1.1.0".to_string())),
+        || replicas(deployments[0].clone()),
+    )
+    .await;
+}
