@@ -123,6 +123,10 @@ pub struct HelmOpSpec {
     /// Stop rolling out changes; what is already deployed stays.
     #[serde(default)]
     pub paused: bool,
+
+    /// Roll chart, version and values changes out in waves, as a Bundle's rolloutStrategy (carried into the HelmOp's Bundle). See docs/rollouts.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_strategy: Option<crate::rollout::RolloutStrategy>,
 }
 
 impl HelmOpSpec {
@@ -155,6 +159,7 @@ impl HelmOpSpec {
             keep_resources: self.keep_resources,
             correct_drift: self.correct_drift.clone(),
             paused: self.paused,
+            rollout_strategy: self.rollout_strategy.clone(),
             ..BundleSpec::default()
         }
     }
@@ -224,11 +229,6 @@ const FLEET_ONLY_SPEC: &[Unsupported] = &[
     Unsupported::when_true(
         "insecureSkipTLSVerify",
         "TLS to the chart repository is always verified",
-    ),
-    Unsupported::present(
-        "rolloutStrategy",
-        "object",
-        "every targeted cluster gets the change at once",
     ),
     Unsupported::present(
         "dependsOn",

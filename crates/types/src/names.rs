@@ -95,6 +95,19 @@ pub fn copy_name(bundle_name: &str, kind: &str, source_name: &str) -> String {
     }
 }
 
+/// Name of the Secret in the Bundle's namespace where the hub keeps a rollout's state and the
+/// previous revisions it may roll back to: `tender-rollout-<bundle>` (truncated, hashed when
+/// too long). Never in a cluster namespace: no agent reads it.
+pub fn rollout_secret(bundle_name: &str) -> String {
+    let full = format!("tender-rollout-{bundle_name}");
+    if full.len() <= MAX_DNS_SUBDOMAIN_LEN {
+        return full;
+    }
+    let hash = short_hash(bundle_name);
+    let readable = sanitise(&full, MAX_DNS_SUBDOMAIN_LEN - 1 - hash.len());
+    format!("{readable}-{hash}")
+}
+
 /// Name of the BundleDeployment of a Bundle in a cluster namespace (the Bundle's name).
 pub fn bundle_deployment_name(bundle_name: &str) -> String {
     bundle_name.to_string()
