@@ -136,15 +136,40 @@ pub fn render_bundle_table(report: &BundleReport) -> String {
                 t.cluster.clone(),
                 t.state.clone(),
                 t.ready.clone(),
+                t.revision.clone(),
                 t.reason.clone(),
                 t.message.clone(),
             ]
         })
         .collect();
     out.push_str(&table(
-        &["CLUSTER", "STATE", "READY", "REASON", "MESSAGE"],
+        &["CLUSTER", "STATE", "READY", "REVISION", "REASON", "MESSAGE"],
         &rows,
     ));
+    if let Some(r) = &report.rollout {
+        let rows: Vec<Vec<String>> = r
+            .waves
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                vec![
+                    (i + 1).to_string(),
+                    w.name.clone(),
+                    w.count.to_string(),
+                    w.unavailable.clone(),
+                    w.phase.clone(),
+                ]
+            })
+            .collect();
+        out.push_str("\nRollout waves:\n");
+        out.push_str(&table(
+            &["WAVE", "NAME", "CLUSTERS", "UNAVAILABLE/MAX", "PHASE"],
+            &rows,
+        ));
+        for c in &r.conditions {
+            out.push_str(&format!("{c}\n"));
+        }
+    }
     if !report.upstream.is_empty() {
         let rows: Vec<Vec<String>> = report
             .upstream

@@ -59,6 +59,7 @@ fn content_hash(helmop: &HelmOp, spec: &BundleSpec) -> String {
         "labels": bundle_labels(helmop),
         "spec": spec,
         "owner": helmop.uid(),
+        "resume": helmop.annotations().get(labels::ROLLOUT_RESUME),
     }))
 }
 
@@ -78,10 +79,12 @@ pub fn bundle_op(helmop: &HelmOp, live: Option<&Bundle>) -> Option<Op> {
     let mut bundle = Bundle::new(&name, spec);
     bundle.metadata.namespace = Some(ns.clone());
     bundle.metadata.labels = Some(bundle_labels(helmop));
-    bundle.metadata.annotations = Some(BTreeMap::from([(
-        labels::CONTENT_HASH.to_string(),
-        desired.clone(),
-    )]));
+    let mut annotations = BTreeMap::from([(labels::CONTENT_HASH.to_string(), desired.clone())]);
+    // `tender rollout resume --helmop` reaches the HelmOp's Bundle (docs/rollouts.md).
+    if let Some(resume) = helmop.annotations().get(labels::ROLLOUT_RESUME) {
+        annotations.insert(labels::ROLLOUT_RESUME.to_string(), resume.clone());
+    }
+    bundle.metadata.annotations = Some(annotations);
     bundle.metadata.owner_references = Some(vec![OwnerReference {
         api_version: API_GROUP_VERSION.into(),
         kind: "HelmOp".into(),
