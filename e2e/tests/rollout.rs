@@ -263,6 +263,14 @@ impl Fleet {
                     .as_ref()
                     .and_then(|s| find_condition(&s.conditions, type_))
                     .is_some_and(|c| c.status == want && c.reason == reason);
+                if !hit && let Some(st) = &b.status {
+                    let conds: Vec<String> = st
+                        .conditions
+                        .iter()
+                        .map(|c| format!("{}={}({}): {}", c.type_, c.status, c.reason, c.message))
+                        .collect();
+                    eprintln!("DEBUG partitions {:?} conditions {conds:?}", st.partitions);
+                }
                 Ok::<_, kube::Error>(hit.then_some(b))
             },
         )

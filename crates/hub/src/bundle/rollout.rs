@@ -51,11 +51,11 @@ pub struct Failure {
     pub wave: usize,
     /// [`reason::PROGRESS_DEADLINE_EXCEEDED`] or [`reason::FAILURE_BUDGET_EXCEEDED`].
     pub reason: String,
-    /// Unix seconds.
+    /// Unix milliseconds.
     pub at: i64,
 }
 
-/// One wave's progress, in unix seconds.
+/// One wave's progress, in unix milliseconds (whole seconds would cut a soak short by up to one).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WaveState {
@@ -145,7 +145,7 @@ pub struct Inputs<'a> {
     pub resume: Option<&'a str>,
     /// Whether the previous revision of every cluster released so far is kept.
     pub rollback_possible: bool,
-    /// Unix seconds now.
+    /// Unix milliseconds now.
     pub now: i64,
 }
 
@@ -248,8 +248,10 @@ pub fn gate(
     let waves = waves(strategy, clusters, groups)?;
     let max_partitions = scaled(strategy.max_unavailable_partitions.as_ref(), waves.len(), 0)
         .map_err(|e| InvalidStrategy(e.to_string()))?;
-    let soak = i64::from(strategy.soak_seconds.unwrap_or(0));
-    let deadline = strategy.progress_deadline_seconds.map(i64::from);
+    let soak = 1000 * i64::from(strategy.soak_seconds.unwrap_or(0));
+    let deadline = strategy
+        .progress_deadline_seconds
+        .map(|s| 1000 * i64::from(s));
     let on_failure = strategy.on_failure.unwrap_or_default();
     let mut events = Vec::new();
 
@@ -446,7 +448,7 @@ pub fn gate(
         max_unavailable_partitions: max_partitions,
         conditions,
         events,
-        next: next.map(|at| Duration::from_secs(u64::try_from(at - now).unwrap_or(0).max(1))),
+        next: next.map(|at| Duration::from_millis(u64::try_from(at - now).unwrap_or(0).max(100))),
         wave_of,
         state,
     })

@@ -96,7 +96,7 @@ pub(crate) async fn gate(
         previous: kept.state.as_ref(),
         resume,
         rollback_possible: !snapshot.overflow,
-        now: Timestamp::now().as_second(),
+        now: Timestamp::now().as_millisecond(),
     };
     let gate = match rollout::gate(&inputs, &clusters, input.groups) {
         Ok(gate) => gate,

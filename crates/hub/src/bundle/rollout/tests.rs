@@ -67,7 +67,8 @@ impl Fleet {
     }
 }
 
-fn run(s: &RolloutStrategy, fleet: &Fleet, previous: Option<&State>, now: i64) -> Gate {
+fn run(s: &RolloutStrategy, fleet: &Fleet, previous: Option<&State>, secs: i64) -> Gate {
+    let now = secs * 1000;
     let inputs = Inputs {
         strategy: s,
         revision: "r2",
@@ -200,7 +201,7 @@ fn failure_budget_pauses_and_resume_continues() {
         previous: Some(&g.state),
         resume: Some("t1"),
         rollback_possible: true,
-        now: 100,
+        now: 100_000,
     };
     let g = gate(&inputs, &fleet.clusters(), &[]).unwrap();
     assert_eq!(g.state.failed, None);
@@ -213,7 +214,8 @@ fn failure_budget_pauses_and_resume_continues() {
     );
 }
 
-fn run_resumed(s: &RolloutStrategy, fleet: &Fleet, state: &State, now: i64) -> Gate {
+fn run_resumed(s: &RolloutStrategy, fleet: &Fleet, state: &State, secs: i64) -> Gate {
+    let now = secs * 1000;
     let inputs = Inputs {
         strategy: s,
         revision: "r2",
