@@ -16,6 +16,10 @@ use crate::summary::DeploymentState;
 
 /// Below this many clusters, no `autoPartitionSize` means one wave (Fleet's rule).
 const AUTO_PARTITION_MIN: usize = 200;
+/// How long after its release a wave's failing clusters start counting against `maxFailures`:
+/// an agent may report a failure for a moment while a new BundleDeployment's copies are
+/// still arriving (decision 0093-rollout-waves).
+const FAILURE_SETTLE_MS: i64 = 5_000;
 /// Fleet's default `autoPartitionSize`, in percent.
 const AUTO_PARTITION_PERCENT: usize = 25;
 
@@ -352,8 +356,12 @@ pub fn gate(
                     wake(at + limit);
                 }
             }
+            let settled = w
+                .released_at
+                .is_some_and(|at| now >= at + FAILURE_SETTLE_MS);
             failures += members
                 .iter()
+                .filter(|_| settled)
                 .map(|&c| &clusters[c])
                 .filter(|c| {
                     current(c)

@@ -173,6 +173,11 @@ fn failure_budget_pauses_and_resume_continues() {
     let mut fleet = Fleet::new(5);
     let g = run(&s, &fleet, None, 0);
     fleet.apply(&g, ErrApplied);
+    let g = run(&s, &fleet, Some(&g.state), 4);
+    assert_eq!(
+        g.state.failed, None,
+        "a failure right after release may be a moment's"
+    );
     let g = run(&s, &fleet, Some(&g.state), 5);
     assert_eq!(
         g.state.failed.as_ref().unwrap().reason,
