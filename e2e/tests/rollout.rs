@@ -269,7 +269,10 @@ impl Fleet {
                         .iter()
                         .map(|c| format!("{}={}({}): {}", c.type_, c.status, c.reason, c.message))
                         .collect();
-                    eprintln!("DEBUG partitions {:?} conditions {conds:?}", st.partitions);
+                    eprintln!(
+                        "rollout status: partitions {:?} conditions {conds:?}",
+                        st.partitions
+                    );
                 }
                 Ok::<_, kube::Error>(hit.then_some(b))
             },
@@ -377,6 +380,11 @@ async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and
     );
     let wave1 = fleet.clusters_in(&[1]);
     let later = fleet.clusters_in(&[2, 3]);
+    assert_eq!(
+        fleet.held("bad"),
+        wave1.iter().cloned().collect::<BTreeSet<_>>(),
+        "only wave 1 ever held the bad credential"
+    );
     // Wave 1 held the bad credential, and is back at the old one, ready.
     for c in &wave1 {
         eventually(&format!("{c} back at good-1"), WAIT, || async {
@@ -385,11 +393,6 @@ async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and
         .await;
     }
     fleet.all_ready(&wave1).await;
-    assert_eq!(
-        fleet.held("bad"),
-        wave1.iter().cloned().collect::<BTreeSet<_>>(),
-        "only wave 1 ever held the bad credential"
-    );
     let b = fleet.bundle().await;
     assert_eq!(phases(&b), ["RolledBack", "Waiting", "Waiting"]);
     assert!(is_true(

@@ -132,20 +132,21 @@ pub fn render_bundle_table(report: &BundleReport) -> String {
         .clusters
         .iter()
         .map(|t| {
-            vec![
-                t.cluster.clone(),
-                t.state.clone(),
-                t.ready.clone(),
-                t.revision.clone(),
-                t.reason.clone(),
-                t.message.clone(),
-            ]
+            let mut row = vec![t.cluster.clone(), t.state.clone(), t.ready.clone()];
+            // In waves, which revision each cluster runs (a hash, never a value).
+            if report.rollout.is_some() {
+                row.push(t.revision.clone());
+            }
+            row.extend([t.reason.clone(), t.message.clone()]);
+            row
         })
         .collect();
-    out.push_str(&table(
-        &["CLUSTER", "STATE", "READY", "REVISION", "REASON", "MESSAGE"],
-        &rows,
-    ));
+    let headers: &[&str] = if report.rollout.is_some() {
+        &["CLUSTER", "STATE", "READY", "REVISION", "REASON", "MESSAGE"]
+    } else {
+        &["CLUSTER", "STATE", "READY", "REASON", "MESSAGE"]
+    };
+    out.push_str(&table(headers, &rows));
     if let Some(r) = &report.rollout {
         let rows: Vec<Vec<String>> = r
             .waves

@@ -281,3 +281,99 @@ pub fn prune(snapshot: &mut Snapshot, keep: &BTreeSet<String>) {
     snapshot.specs.retain(|k, _| specs.contains(k));
     snapshot.copies.retain(|k, _| copies.contains(k));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tender_types::BundleSpec;
+
+    fn kept() -> Snapshot {
+        let spec = BundleDeploymentSpec {
+            deployment_id: "old".into(),
+            ..Default::default()
+        };
+        let key = hash::spec_hash(&spec);
+        let copy = serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "data": {"password": "b2xk"},
+            "metadata": {"name": "app-secret-db", "labels": {"team": "payments"},
+                         "annotations": {labels::CONTENT_HASH: "h1"}}
+        });
+        let cluster = |c: &str| {
+            (
+                c.to_string(),
+                ClusterPrevious {
+                    spec: key.clone(),
+                    copies: vec!["app-secret-db@h1".into()],
+                },
+            )
+        };
+        Snapshot {
+            specs: BTreeMap::from([(key.clone(), serde_json::to_value(&spec).unwrap())]),
+            copies: BTreeMap::from([("app-secret-db@h1".into(), copy)]),
+            clusters: BTreeMap::from([cluster("a"), cluster("b")]),
+            overflow: false,
+        }
+    }
+
+    #[test]
+    fn a_kept_revision_is_restored_with_the_hubs_labels_and_the_live_owner() {
+        let s = kept();
+        assert_eq!(previous_spec(&s, "a").unwrap().deployment_id, "old");
+        assert_eq!(previous_spec(&s, "z"), None);
+        let owner = OwnerReference {
+            uid: "live-uid".into(),
+            ..Default::default()
+        };
+        let owned = BTreeMap::from([(labels::CLUSTER.to_string(), "a".to_string())]);
+        let copies = previous_copies(&s, "a", "cluster-ns", &owner, &owned);
+        let (kind, name, content_hash, body) = &copies[0];
+        assert_eq!(
+            (*kind, name.as_str(), content_hash.as_str()),
+            (SourceKind::Secret, "app-secret-db", "h1")
+        );
+        assert_eq!(body["metadata"]["namespace"], "cluster-ns");
+        assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "live-uid");
+        assert_eq!(body["metadata"]["labels"]["team"], "payments");
+        assert_eq!(body["metadata"]["labels"][labels::CLUSTER], "a");
+        assert_eq!(body["data"]["password"], "b2xk");
+    }
+
+    #[test]
+    fn untargeted_clusters_and_what_only_they_used_are_pruned() {
+        let mut s = kept();
+        prune(&mut s, &BTreeSet::from(["a".to_string()]));
+        assert_eq!(s.clusters.len(), 1);
+        assert_eq!((s.specs.len(), s.copies.len()), (1, 1), "still used by a");
+        prune(&mut s, &BTreeSet::new());
+        assert!(s.specs.is_empty() && s.copies.is_empty());
+    }
+
+    #[test]
+    fn the_revision_moves_with_spec_and_sources_but_not_with_the_strategy() {
+        let mut bundle = Bundle::new("app", BundleSpec::default());
+        let key = (
+            tender_types::copy::CopyableKind {
+                api_version: "v1".into(),
+                kind: "Secret".into(),
+            },
+            "db".to_string(),
+        );
+        let found = |h: &str| {
+            BTreeMap::from([(
+                key.clone(),
+                SourceState::Found {
+                    hash: h.into(),
+                    bytes: 1,
+                },
+            )])
+        };
+        let r1 = revision(&bundle, &found("h1"));
+        assert_ne!(r1, revision(&bundle, &found("h2")), "a rotation");
+        bundle.spec.rollout_strategy = Some(Default::default());
+        bundle.spec.paused = true;
+        assert_eq!(r1, revision(&bundle, &found("h1")));
+        bundle.spec.default_namespace = Some("x".into());
+        assert_ne!(r1, revision(&bundle, &found("h1")));
+    }
+}
