@@ -421,7 +421,7 @@ async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and
     // The rollout Secret keeps the previous revision in the workspace, never in a cluster
     // namespace.
     let kept = Api::<Secret>::namespaced(fleet.ws.hub.clone(), &fleet.ws.ns)
-        .get(&tender_types::names::rollout_secret("app"))
+        .get(&tender_types::names::rollout_secret("app", None))
         .await
         .unwrap();
     assert!(kept.data.unwrap().contains_key("previous.json"));

@@ -79,11 +79,15 @@ pub fn revision(bundle: &Bundle, sources: &BTreeMap<SourceKey, SourceState>) -> 
 }
 
 /// Reads the rollout Secret of `bundle` (absent → nothing kept).
-pub async fn read(client: &kube::Client, bundle: &Bundle) -> Result<Kept, kube::Error> {
+pub async fn read(
+    client: &kube::Client,
+    bundle: &Bundle,
+    shard: Option<&str>,
+) -> Result<Kept, kube::Error> {
     let ns = bundle.namespace().unwrap_or_default();
     let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
     let Some(secret) = api
-        .get_opt(&names::rollout_secret(&bundle.name_any()))
+        .get_opt(&names::rollout_secret(&bundle.name_any(), shard))
         .await?
     else {
         return Ok(Kept::default());
@@ -97,9 +101,9 @@ pub async fn read(client: &kube::Client, bundle: &Bundle) -> Result<Kept, kube::
 }
 
 /// The apply of the rollout Secret holding `state` and `snapshot`.
-pub fn write_op(bundle: &Bundle, state: &State, snapshot: &Snapshot) -> Op {
+pub fn write_op(bundle: &Bundle, shard: Option<&str>, state: &State, snapshot: &Snapshot) -> Op {
     let ns = bundle.namespace().unwrap_or_default();
-    let name = names::rollout_secret(&bundle.name_any());
+    let name = names::rollout_secret(&bundle.name_any(), shard);
     let owner = OwnerReference {
         api_version: tender_types::API_GROUP_VERSION.into(),
         kind: "Bundle".into(),

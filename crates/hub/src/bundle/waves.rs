@@ -47,7 +47,8 @@ pub(crate) async fn gate(
     input: &GateInput<'_>,
 ) -> Result<Result<Waves, String>, Error> {
     let name = bundle.name_any();
-    let kept = revisions::read(&ctx.client, bundle)
+    let shard = ctx.config.shard_id.as_deref();
+    let kept = revisions::read(&ctx.client, bundle, shard)
         .await
         .map_err(crate::kube_err("read the rollout state"))?;
     let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
@@ -133,7 +134,7 @@ pub(crate) async fn gate(
     revisions::prune(&mut snapshot, &targeted);
     if kept.state.as_ref() != Some(&gate.state) || kept.snapshot != snapshot {
         ctx.exec
-            .execute(revisions::write_op(bundle, &gate.state, &snapshot))
+            .execute(revisions::write_op(bundle, shard, &gate.state, &snapshot))
             .await?;
     }
     Ok(Ok(Waves { gate, snapshot }))
