@@ -301,6 +301,25 @@ mod tests {
     }
 
     #[test]
+    fn the_rollout_strategy_and_a_resume_reach_the_bundle() {
+        let mut with = spec();
+        with["rolloutStrategy"] =
+            json!({"partitions": [{"clusterName": "a"}], "onFailure": "Rollback"});
+        let mut h = helmop(with);
+        let b = written(&bundle_op(&h, None).unwrap(), 1);
+        let strategy = b.spec.rollout_strategy.as_ref().expect("carried");
+        assert_eq!(strategy.partitions[0].cluster_name.as_deref(), Some("a"));
+        assert!(bundle_op(&h, Some(&b)).is_none(), "current");
+        // `tender rollout resume --helmop web`: a new annotation value is written to the Bundle.
+        h.metadata.annotations = Some(BTreeMap::from([(
+            labels::ROLLOUT_RESUME.to_string(),
+            "t1".to_string(),
+        )]));
+        let resumed = written(&bundle_op(&h, Some(&b)).expect("resume passed on"), 2);
+        assert_eq!(resumed.annotations()[labels::ROLLOUT_RESUME], "t1");
+    }
+
+    #[test]
     fn the_bundle_is_owned_labelled_and_derived_from_the_spec() {
         let h = helmop(spec());
         let op = bundle_op(&h, None).expect("absent: written");
