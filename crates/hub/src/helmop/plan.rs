@@ -55,12 +55,16 @@ fn bundle_labels(helmop: &HelmOp) -> BTreeMap<String, String> {
 /// The hash of everything the hub sets on the Bundle, kept in its content-hash annotation so
 /// a removed label is noticed (a subset check alone would keep it forever).
 fn content_hash(helmop: &HelmOp, spec: &BundleSpec) -> String {
-    hash::value_hash(&serde_json::json!({
+    let mut hashed = serde_json::json!({
         "labels": bundle_labels(helmop),
         "spec": spec,
         "owner": helmop.uid(),
-        "resume": helmop.annotations().get(labels::ROLLOUT_RESUME),
-    }))
+    });
+    // Only when set: a HelmOp without it keeps the hash older hubs wrote (no rewrite).
+    if let Some(resume) = helmop.annotations().get(labels::ROLLOUT_RESUME) {
+        hashed["resume"] = resume.clone().into();
+    }
+    hash::value_hash(&hashed)
 }
 
 /// The apply of the Bundle for `helmop`, or none: it is current, someone else's, or being
