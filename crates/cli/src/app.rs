@@ -30,6 +30,8 @@ pub enum Command {
     Cluster(crate::cluster::Args),
     /// Show the Bundles and Clusters of a workspace, or one Bundle cluster by cluster.
     Status(crate::status::Args),
+    /// Resume a halted or rolled-back rollout in waves (docs/rollouts.md).
+    Rollout(crate::rollout::Args),
     /// Print a shell completion script (e.g. `source <(tender completions bash)`).
     Completions(crate::completions::Args),
 }
@@ -69,6 +71,7 @@ pub fn main() -> ExitCode {
         Command::Crdgen(args) => crate::crdgen::run(&args),
         Command::Cluster(args) => block_on(crate::cluster::run(args)),
         Command::Status(args) => block_on(crate::status::run(args)),
+        Command::Rollout(args) => block_on(crate::rollout::run(args)),
         Command::Completions(args) => {
             crate::completions::run(&args, command_for(None), BIN_NAME, &mut std::io::stdout())
                 .map(|()| ExitCode::SUCCESS)

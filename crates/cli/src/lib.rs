@@ -6,4 +6,5 @@ pub mod app;
 pub mod cluster;
 pub mod completions;
 pub mod crdgen;
+pub mod rollout;
 pub mod status;

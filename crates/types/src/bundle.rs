@@ -140,6 +140,9 @@ pub struct BundleSpec {
     /// Roll the workloads of this Bundle (Deployments, StatefulSets, DaemonSets, ReplicaSets, CronJobs) that consume a copied Secret or ConfigMap when its content changes: the agent sets the pod-template annotation `tender.dev/copies-hash`, and the deployment is ready only once they are rolled and available again. See docs/dependencies.md.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rollout_on_copy_change: bool,
+    /// Roll changes out in waves (Fleet's rolloutStrategy, with a progress deadline, soak time, failure budget and rollback): every change — manifests, chart, copied sources — reaches a cluster only once its wave is released. See docs/rollouts.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_strategy: Option<crate::rollout::RolloutStrategy>,
 }
 
 /// A dependency on other Bundles of the same namespace: by name, by label selector, or both
@@ -503,6 +506,22 @@ pub struct BundleStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = crate::schema::id_list_map)]
     pub shards: Vec<BundleShardStatus>,
+
+    /// With a rolloutStrategy: clusters not ready at the deployment the Bundle wants (Fleet's `unavailable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<i32>,
+
+    /// With a rolloutStrategy: released waves that may be not done at once (Fleet's `maxUnavailablePartitions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable_partitions: Option<i32>,
+
+    /// With a rolloutStrategy: waves not done (Fleet's `unavailablePartitions`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable_partitions: Option<i32>,
+
+    /// With a rolloutStrategy: one entry per wave, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub partitions: Vec<crate::rollout::PartitionStatus>,
 }
 
 /// What one shard replica of the hub reports on a Bundle: its own Clusters only.

@@ -17,6 +17,13 @@ pub const TYPE_AGENT_CONNECTED: &str = "AgentConnected";
 /// Condition type (Cluster, push mode): the hub reaches the cluster with its kubeconfig.
 pub const TYPE_CLUSTER_CONNECTED: &str = "ClusterConnected";
 
+/// Condition type (Bundle with a rolloutStrategy): a rollout is releasing waves.
+pub const TYPE_ROLLOUT_PROGRESSING: &str = "RolloutProgressing";
+/// Condition type (Bundle with a rolloutStrategy): the rollout failed and holds its waves.
+pub const TYPE_ROLLOUT_HALTED: &str = "RolloutHalted";
+/// Condition type (Bundle with a rolloutStrategy): the failed wave was returned to its previous revision.
+pub const TYPE_ROLLED_BACK: &str = "RolledBack";
+
 /// Condition reasons.
 /// Bundle: whether every targeted cluster published every `upstreamResources` entry.
 pub const TYPE_UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
@@ -25,6 +32,23 @@ pub const TYPE_UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
 pub const TYPE_POLLED: &str = "Polled";
 
 pub mod reason {
+    /// Rollout: a wave is released and not yet ready.
+    pub const WAVE_PROGRESSING: &str = "WaveProgressing";
+    /// Rollout: a ready wave is soaking before the next one is released.
+    pub const WAVE_SOAKING: &str = "WaveSoaking";
+    /// Rollout: every wave is ready at the Bundle's revision.
+    pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
+    /// Rollout: a wave was not ready within progressDeadlineSeconds.
+    pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+    /// Rollout: more clusters failed than maxFailures allows.
+    pub const FAILURE_BUDGET_EXCEEDED: &str = "FailureBudgetExceeded";
+    /// Rollout: the failed wave's clusters are back at their previous revision.
+    pub const ROLLED_BACK: &str = "RolledBack";
+    /// Rollout: the previous revision could not be kept (too large, or a carried kind), so a
+    /// failure pauses instead of rolling back.
+    pub const ROLLBACK_UNAVAILABLE: &str = "RollbackUnavailable";
+    /// Rollout: the rolloutStrategy has an invalid value; nothing new is released.
+    pub const INVALID_ROLLOUT_STRATEGY: &str = "InvalidRolloutStrategy";
     /// Every upstream entry is published by every targeted cluster.
     pub const UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
     /// `Polled=True`: the hub resolved `helm.version` against the repository.

@@ -149,6 +149,9 @@ pub struct HelmOpSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "crate::bundle::namespace_annotations_schema")]
     pub namespace_annotations: BTreeMap<String, String>,
+    /// Roll chart, version and values changes out in waves, as a Bundle's rolloutStrategy (carried into the HelmOp's Bundle). See docs/rollouts.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_strategy: Option<crate::rollout::RolloutStrategy>,
 }
 
 impl HelmOpSpec {
@@ -199,6 +202,7 @@ impl HelmOpSpec {
             depends_on: self.depends_on.clone(),
             namespace_labels: self.namespace_labels.clone(),
             namespace_annotations: self.namespace_annotations.clone(),
+            rollout_strategy: self.rollout_strategy.clone(),
             ..BundleSpec::default()
         }
     }
@@ -267,11 +271,6 @@ const FLEET_ONLY_SPEC: &[Unsupported] = &[
     Unsupported::when_true(
         "insecureSkipTLSVerify",
         "TLS to the chart repository is always verified",
-    ),
-    Unsupported::present(
-        "rolloutStrategy",
-        "object",
-        "every targeted cluster gets the change at once",
     ),
     Unsupported::present(
         "targetCustomizationMode",

@@ -94,6 +94,10 @@ pub const PUBLISHED_AT: &str = "tender.dev/published-at";
 /// Field manager of the agent's placeholder writes and of `status.upstream`.
 pub const AGENT_UPSTREAM_FIELD_MANAGER: &str = "tender-agent-upstream";
 
+/// Annotation on a Bundle or HelmOp: a new value resumes a halted or rolled-back rollout
+/// (`tender rollout resume` writes the time).
+pub const ROLLOUT_RESUME: &str = "tender.dev/rollout-resume";
+
 /// Finalizer on BundleDeployments: the agent removes downstream objects before deletion completes.
 pub const AGENT_CLEANUP_FINALIZER: &str = "tender.dev/agent-cleanup";
 /// Finalizer on Clusters: the hub removes the cluster namespace before deletion completes.

@@ -22,6 +22,7 @@ pub mod labels;
 pub mod names;
 pub mod namespaces;
 pub mod ownership;
+pub mod rollout;
 pub mod service_account;
 pub mod targeting;
 pub mod template;

@@ -95,6 +95,23 @@ pub fn copy_name(bundle_name: &str, kind: &str, source_name: &str) -> String {
     }
 }
 
+/// Name of the Secret in the Bundle's namespace where the hub keeps a rollout's state and the
+/// previous revisions it may roll back to: `tender-rollout-<bundle>` (truncated, hashed when
+/// too long); a shard replica keeps its own, `tender-rollout-<bundle>-<shard>`, as it rolls out
+/// its own Clusters. Never in a cluster namespace: no agent reads it.
+pub fn rollout_secret(bundle_name: &str, shard: Option<&str>) -> String {
+    let full = match shard {
+        None => format!("tender-rollout-{bundle_name}"),
+        Some(id) => format!("tender-rollout-{bundle_name}-{id}"),
+    };
+    if full.len() <= MAX_DNS_SUBDOMAIN_LEN {
+        return full;
+    }
+    let hash = short_hash(&full);
+    let readable = sanitise(&full, MAX_DNS_SUBDOMAIN_LEN - 1 - hash.len());
+    format!("{readable}-{hash}")
+}
+
 /// Name of the BundleDeployment of a Bundle in a cluster namespace (the Bundle's name).
 pub fn bundle_deployment_name(bundle_name: &str) -> String {
     bundle_name.to_string()
@@ -170,6 +187,16 @@ pub fn agent_workspace_role(cluster_name: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rollout_secrets_are_per_bundle_and_shard_and_always_valid() {
+        use super::rollout_secret;
+        assert_eq!(rollout_secret("app", None), "tender-rollout-app");
+        assert_eq!(rollout_secret("app", Some("s1")), "tender-rollout-app-s1");
+        let long = "b".repeat(253);
+        let name = rollout_secret(&long, None);
+        assert!(name.len() <= 253 && name != rollout_secret(&long, Some("s1")));
+    }
+
     use super::*;
 
     #[test]

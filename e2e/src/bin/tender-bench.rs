@@ -61,6 +61,8 @@ mod baseline;
 mod peers;
 #[path = "../bench/status_moves.rs"]
 mod status_moves;
+#[path = "../bench/waves.rs"]
+mod waves;
 
 use baseline::Baseline;
 
@@ -106,6 +108,13 @@ struct Args {
     /// clusters, rotation latency beside a minimal relay.
     #[arg(long)]
     agents: Option<usize>,
+    /// Instead of the hub sizes: a rotation through 4 rollout waves over N Clusters, the bench
+    /// playing the agents (docs/rollouts.md).
+    #[arg(long)]
+    waves: Option<usize>,
+    /// Soak seconds per wave in `--waves` mode.
+    #[arg(long, default_value_t = 2)]
+    soak_seconds: u32,
     /// Rotations measured in `--agents` mode.
     #[arg(long, default_value_t = 20)]
     rotations: u32,
@@ -1181,6 +1190,16 @@ async fn main() -> Result<()> {
         if failed.as_array().is_some_and(|f| !f.is_empty()) {
             bail!("agents: invariant failed: {failed}");
         }
+        return Ok(());
+    }
+    if let Some(n) = args.waves {
+        let figures = waves::run(n, args.soak_seconds, &args).await?;
+        let failed = figures["failed"].clone();
+        write_json(figures)?;
+        if failed.as_array().is_some_and(|f| !f.is_empty()) {
+            bail!("waves: invariant failed: {failed}");
+        }
+        println!("\nall invariants hold");
         return Ok(());
     }
     if !args.peers.is_empty() {

@@ -528,4 +528,58 @@ mod tests {
                 .unwrap();
         assert!(v.get("upstream").is_none());
     }
+
+    #[test]
+    fn a_bundle_in_waves_shows_its_waves_and_each_clusters_revision_by_hash() {
+        let mut b = bundle("web", "1/2", Some(cond("True", "Ready", "")));
+        b.spec.rollout_strategy = Some(Default::default());
+        let status = b.status.get_or_insert_with(Default::default);
+        status.partitions = vec![
+            tender_types::rollout::PartitionStatus {
+                name: "canary".into(),
+                count: 1,
+                max_unavailable: 0,
+                unavailable: 0,
+                phase: "RolledBack".into(),
+            },
+            tender_types::rollout::PartitionStatus {
+                name: "rest".into(),
+                count: 1,
+                max_unavailable: 0,
+                unavailable: 1,
+                phase: "Waiting".into(),
+            },
+        ];
+        status
+            .conditions
+            .push(cond("True", "RolledBack", "wave 1 (canary) is back"));
+        status.conditions.last_mut().unwrap().type_ = "RolledBack".into();
+        let mut east = deployment("east", Some("Ready"), Some(cond("True", "Ready", "")));
+        east.spec.deployment_id = "0123456789abcdef".into();
+        east.status.as_mut().unwrap().applied_deployment_id = Some("0123456789abcdef".into());
+        let mut west = deployment("west", Some("WaitApplied"), None);
+        west.spec.deployment_id = "fedcba9876543210".into();
+        west.status.as_mut().unwrap().applied_deployment_id = Some("0123456789abcdef".into());
+        let text = render_bundle_table(&bundle_report("ws", &b, &[east, west]));
+        assert!(text.contains("0123456789ab → fedcba987654"), "{text}");
+        assert!(
+            text.contains("canary") && text.contains("RolledBack"),
+            "{text}"
+        );
+        assert!(
+            text.contains("RolledBack=True (RolledBack): wave 1 (canary) is back"),
+            "{text}"
+        );
+        let plain = render_bundle_table(&web_report());
+        assert!(!plain.contains("Rollout waves"), "no strategy, no waves");
+    }
+
+    #[test]
+    fn rollout_resume_sets_the_annotation_the_hub_reads() {
+        let patch = crate::rollout::resume_patch("t1");
+        assert_eq!(
+            patch["metadata"]["annotations"][labels::ROLLOUT_RESUME],
+            "t1"
+        );
+    }
 }

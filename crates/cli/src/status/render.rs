@@ -132,19 +132,45 @@ pub fn render_bundle_table(report: &BundleReport) -> String {
         .clusters
         .iter()
         .map(|t| {
-            vec![
-                t.cluster.clone(),
-                t.state.clone(),
-                t.ready.clone(),
-                t.reason.clone(),
-                t.message.clone(),
-            ]
+            let mut row = vec![t.cluster.clone(), t.state.clone(), t.ready.clone()];
+            // In waves, which revision each cluster runs (a hash, never a value).
+            if report.rollout.is_some() {
+                row.push(t.revision.clone());
+            }
+            row.extend([t.reason.clone(), t.message.clone()]);
+            row
         })
         .collect();
-    out.push_str(&table(
-        &["CLUSTER", "STATE", "READY", "REASON", "MESSAGE"],
-        &rows,
-    ));
+    let headers: &[&str] = if report.rollout.is_some() {
+        &["CLUSTER", "STATE", "READY", "REVISION", "REASON", "MESSAGE"]
+    } else {
+        &["CLUSTER", "STATE", "READY", "REASON", "MESSAGE"]
+    };
+    out.push_str(&table(headers, &rows));
+    if let Some(r) = &report.rollout {
+        let rows: Vec<Vec<String>> = r
+            .waves
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                vec![
+                    (i + 1).to_string(),
+                    w.name.clone(),
+                    w.count.to_string(),
+                    w.unavailable.clone(),
+                    w.phase.clone(),
+                ]
+            })
+            .collect();
+        out.push_str("\nRollout waves:\n");
+        out.push_str(&table(
+            &["WAVE", "NAME", "CLUSTERS", "UNAVAILABLE/MAX", "PHASE"],
+            &rows,
+        ));
+        for c in &r.conditions {
+            out.push_str(&format!("{c}\n"));
+        }
+    }
     if !report.upstream.is_empty() {
         let rows: Vec<Vec<String>> = report
             .upstream

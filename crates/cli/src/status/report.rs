@@ -106,6 +106,9 @@ pub struct BundleReport {
     pub bundle: BundleRow,
     /// One row per targeted cluster (per BundleDeployment), by cluster name.
     pub clusters: Vec<TargetRow>,
+    /// With a rolloutStrategy: the waves and the rollout's conditions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutReport>,
     /// Reverse sync: which cluster published which `upstreamResources` entry (from the
     /// Bundle's status), by cluster and object.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -144,6 +147,75 @@ pub struct TargetRow {
     pub reason: String,
     /// Message of its Ready condition.
     pub message: String,
+    /// The revision it runs, by hash: the first 12 hex of the deploymentID its agent applied
+    /// (`-` before the first apply), and `→ <wanted>` while a newer one is on its way.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub revision: String,
+}
+
+/// One wave of a rollout (from `status.partitions`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WaveRow {
+    /// Name of the wave.
+    pub name: String,
+    /// Clusters in it.
+    pub count: i32,
+    /// Clusters not ready at the wanted deployment / allowed.
+    pub unavailable: String,
+    /// Waiting, Progressing, Soaking, Done, Failed or RolledBack.
+    pub phase: String,
+}
+
+/// A rollout's waves and its conditions, for a Bundle with a rolloutStrategy.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutReport {
+    /// The waves, in order.
+    pub waves: Vec<WaveRow>,
+    /// `RolloutProgressing`, `RolloutHalted` and `RolledBack` as `Type=Status (Reason): message`.
+    pub conditions: Vec<String>,
+}
+
+/// The rollout part of `bundle`'s status, if it has a strategy.
+pub fn rollout_report(bundle: &Bundle) -> Option<RolloutReport> {
+    bundle.spec.rollout_strategy.as_ref()?;
+    let status = bundle.status.clone().unwrap_or_default();
+    let waves = status
+        .partitions
+        .iter()
+        .map(|p| WaveRow {
+            name: p.name.clone(),
+            count: p.count,
+            unavailable: format!("{}/{}", p.unavailable, p.max_unavailable),
+            phase: p.phase.clone(),
+        })
+        .collect();
+    let conditions = [
+        conditions::TYPE_ROLLOUT_PROGRESSING,
+        conditions::TYPE_ROLLOUT_HALTED,
+        conditions::TYPE_ROLLED_BACK,
+    ]
+    .iter()
+    .filter_map(|t| conditions::find_condition(&status.conditions, t))
+    .map(|c| format!("{}={} ({}): {}", c.type_, c.status, c.reason, c.message))
+    .collect();
+    Some(RolloutReport { waves, conditions })
+}
+
+/// The revision column: applied deploymentID, and the wanted one when it differs.
+fn revision(bd: &BundleDeployment) -> String {
+    let short = |id: &str| id.chars().take(12).collect::<String>();
+    let wanted = short(&bd.spec.deployment_id);
+    match bd
+        .status
+        .as_ref()
+        .and_then(|s| s.applied_deployment_id.as_deref())
+    {
+        None => format!("- → {wanted}"),
+        Some(applied) if applied == bd.spec.deployment_id => wanted,
+        Some(applied) => format!("{} → {wanted}", short(applied)),
+    }
 }
 
 /// The Ready condition as (status, reason, message); `Unknown` and empty when absent.
@@ -253,6 +325,7 @@ pub fn bundle_report(
                 ready,
                 reason,
                 message,
+                revision: revision(bd),
             }
         })
         .collect();
@@ -280,6 +353,7 @@ pub fn bundle_report(
         workspace: workspace.to_string(),
         bundle: bundle_row(bundle),
         clusters,
+        rollout: rollout_report(bundle),
         upstream,
     }
 }

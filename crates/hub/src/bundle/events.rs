@@ -23,6 +23,24 @@ fn event(
     })
 }
 
+/// Events of a rollout pass (waves released, failed, rolled back, resumed).
+pub(crate) fn rollout_events(
+    regarding: &ObjectReference,
+    events: &[super::rollout::RolloutEvent],
+) -> Vec<Op> {
+    events
+        .iter()
+        .map(|e| {
+            let type_ = if e.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            };
+            event(regarding, type_, e.reason, "Rollout", e.message.clone())
+        })
+        .collect()
+}
+
 /// Events for BundleDeployments created and deleted by this reconcile.
 pub(crate) fn fanout_events(
     regarding: &ObjectReference,

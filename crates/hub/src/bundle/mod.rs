@@ -11,8 +11,11 @@ mod observe;
 mod ops;
 pub mod plan;
 mod poll;
+mod revisions;
+pub mod rollout;
 mod shards;
 pub mod status;
+mod waves;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -158,6 +161,7 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     let (mut created, mut updated, mut copies, mut deleted) = (0, 0, 0, 0);
     let started = Instant::now();
     let mut upstream = None;
+    let mut requeue = None;
     match plan::plan(&name, &spec, &views, &group_infos, &sources, &copying) {
         // Never untarget on a selector we cannot evaluate: leave everything as it is.
         Err(error) => facts.targeting_error = Some(error.to_string()),
@@ -178,6 +182,38 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                 .map(|bd| (bd.namespace().unwrap_or_default(), bd.clone()))
                 .collect();
             let copies_by_ns = observe::bundle_copies(ctx, &ns, &name);
+            // Rollouts in waves (decision 0093-rollout-waves): which clusters are released.
+            let waves = match &bundle.spec.rollout_strategy {
+                None => None,
+                Some(strategy) => {
+                    let input = waves::GateInput {
+                        strategy,
+                        spec: &spec,
+                        plan: &plan,
+                        views: &views,
+                        groups: &group_infos,
+                        by_ns: &by_ns,
+                        copies_by_ns: &copies_by_ns,
+                        sources: &sources,
+                    };
+                    match waves::gate(ctx, bundle, &input).await? {
+                        Ok(w) => Some(w),
+                        Err(message) => {
+                            facts.rollout = Some(status::RolloutFacts::invalid(message));
+                            None
+                        }
+                    }
+                }
+            };
+            let invalid_strategy = bundle.spec.rollout_strategy.is_some() && waves.is_none();
+            if let Some(w) = &waves {
+                requeue = w.gate.next;
+                facts.rollout = Some(status::RolloutFacts::of(&w.gate));
+                let reference = bundle.object_ref(&());
+                ctx.exec
+                    .execute_in_order(events::rollout_events(&reference, &w.gate.events))
+                    .await?;
+            }
             let fetched = Mutex::new(std::mem::take(&mut fetched));
             // A cluster's future is made when it starts, never more than FANOUT_CONCURRENCY
             // alive: each holds a few KB, and collecting one per cluster first cost 8.5 MB per
@@ -185,12 +221,24 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
             // (decision 0061-bundle-reconcile-holds-manifests-once). A closure inside the stream
             // type trips async Send checks, hence the explicit window.
             let mut pending = plan.deployments.iter();
+            let mut rollbacks = Vec::new();
             let mut running = FuturesUnordered::new();
             let mut results: Vec<Result<ClusterWrites, Error>> = Vec::new();
             loop {
                 while running.len() < FANOUT_CONCURRENCY
                     && let Some(d) = pending.next()
                 {
+                    let existing = by_ns.contains_key(&d.namespace);
+                    match waves::decision(waves.as_ref(), &d.cluster) {
+                        // An invalid strategy releases nothing that is deployed already.
+                        _ if invalid_strategy && existing => continue,
+                        rollout::Decision::Hold => continue,
+                        rollout::Decision::Rollback => {
+                            rollbacks.push(d);
+                            continue;
+                        }
+                        rollout::Decision::Release => {}
+                    }
                     let live = copies_by_ns.get(&d.namespace).map(Vec::as_slice);
                     running.push(write_cluster(
                         ctx,
@@ -205,6 +253,11 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                 match running.next().await {
                     Some(result) => results.push(result),
                     None => break,
+                }
+            }
+            if let Some(w) = &waves {
+                for d in rollbacks {
+                    updated += waves::write_rollback(ctx, bundle, d, &w.snapshot).await?;
                 }
             }
             for result in results {
@@ -271,8 +324,13 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
         .execute_in_order(events::fanout_events(&reference, created, deleted))
         .await?;
     write_status(bundle, ctx, &facts, upstream).await?;
-    // A polling Bundle comes back for its next look (jittered); any other waits for a change.
-    Ok(polled.map_or_else(Action::await_change, |(_, after)| Action::requeue(after)))
+    // A polling Bundle comes back for its next look (jittered), a rollout at its next
+    // deadline or soak end; any other waits for a change.
+    let after = [polled.map(|(_, after)| after), requeue]
+        .into_iter()
+        .flatten()
+        .min();
+    Ok(after.map_or_else(Action::await_change, Action::requeue))
 }
 
 async fn write_status(

@@ -93,6 +93,23 @@ pub struct BundleFacts {
     pub dependency_error: Option<(&'static str, String)>,
     /// Clusters held back by `dependsOn`, each with what it waits for, sorted.
     pub held: Vec<(String, String)>,
+    /// With a rolloutStrategy: the gate's view (waves, counts, conditions).
+    pub rollout: Option<RolloutFacts>,
+}
+
+/// What a rollout shows in the Bundle's status (from [`super::rollout::Gate`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RolloutFacts {
+    /// `status.partitions`.
+    pub partitions: Vec<tender_types::rollout::PartitionStatus>,
+    /// `status.unavailable`.
+    pub unavailable: usize,
+    /// `status.unavailablePartitions`.
+    pub unavailable_partitions: usize,
+    /// `status.maxUnavailablePartitions`.
+    pub max_unavailable_partitions: usize,
+    /// RolloutProgressing / RolloutHalted / RolledBack, or an invalid strategy's message.
+    pub conditions: Vec<super::rollout::RolloutCondition>,
 }
 
 /// The Bundle status for `facts`, starting from `existing` so condition transition times are
@@ -244,13 +261,85 @@ pub fn bundle_status(
         generation,
         now.clone(),
     );
-    crate::helm_poll::set_status(&mut status, facts.polled.as_ref(), generation, now);
+    crate::helm_poll::set_status(&mut status, facts.polled.as_ref(), generation, now.clone());
     status.summary = Some(s.clone());
+    rollout_status(&mut status, facts.rollout.as_ref(), generation, now);
     status.display = Some(BundleDisplay {
         ready_clusters: ready_count,
         state: state.to_string(),
     });
     status
+}
+
+impl RolloutFacts {
+    /// The status of a gate's answer.
+    pub fn of(gate: &super::rollout::Gate) -> Self {
+        Self {
+            partitions: gate.partitions.clone(),
+            unavailable: gate.unavailable,
+            unavailable_partitions: gate.unavailable_partitions,
+            max_unavailable_partitions: gate.max_unavailable_partitions,
+            conditions: gate.conditions.clone(),
+        }
+    }
+
+    /// An invalid strategy: halted, with its message.
+    pub fn invalid(message: String) -> Self {
+        use tender_types::conditions::TYPE_ROLLOUT_HALTED;
+        Self {
+            conditions: vec![(
+                TYPE_ROLLOUT_HALTED,
+                true,
+                reason::INVALID_ROLLOUT_STRATEGY,
+                format!("rolloutStrategy: {message}; nothing already deployed is updated"),
+            )],
+            ..Self::default()
+        }
+    }
+}
+
+/// The rollout part of the status: Fleet's counts, the waves and the three conditions; all
+/// absent without a rolloutStrategy.
+fn rollout_status(
+    status: &mut BundleStatus,
+    rollout: Option<&RolloutFacts>,
+    generation: Option<i64>,
+    now: Time,
+) {
+    use tender_types::conditions::{
+        TYPE_ROLLED_BACK, TYPE_ROLLOUT_HALTED, TYPE_ROLLOUT_PROGRESSING,
+    };
+    let to_i32 = |n: usize| Some(i32::try_from(n).unwrap_or(i32::MAX));
+    let Some(r) = rollout else {
+        status.unavailable = None;
+        status.unavailable_partitions = None;
+        status.max_unavailable_partitions = None;
+        status.partitions = Vec::new();
+        status.conditions.retain(|c| {
+            ![
+                TYPE_ROLLOUT_PROGRESSING,
+                TYPE_ROLLOUT_HALTED,
+                TYPE_ROLLED_BACK,
+            ]
+            .contains(&c.type_.as_str())
+        });
+        return;
+    };
+    status.unavailable = to_i32(r.unavailable);
+    status.unavailable_partitions = to_i32(r.unavailable_partitions);
+    status.max_unavailable_partitions = to_i32(r.max_unavailable_partitions);
+    status.partitions = r.partitions.clone();
+    for (type_, ok, why, message) in &r.conditions {
+        conditions::set_condition(
+            &mut status.conditions,
+            type_,
+            *ok,
+            why,
+            message,
+            generation,
+            now.clone(),
+        );
+    }
 }
 
 #[cfg(test)]

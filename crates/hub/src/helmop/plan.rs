@@ -55,11 +55,16 @@ fn bundle_labels(helmop: &HelmOp) -> BTreeMap<String, String> {
 /// The hash of everything the hub sets on the Bundle, kept in its content-hash annotation so
 /// a removed label is noticed (a subset check alone would keep it forever).
 fn content_hash(helmop: &HelmOp, spec: &BundleSpec) -> String {
-    hash::value_hash(&serde_json::json!({
+    let mut hashed = serde_json::json!({
         "labels": bundle_labels(helmop),
         "spec": spec,
         "owner": helmop.uid(),
-    }))
+    });
+    // Only when set: a HelmOp without it keeps the hash older hubs wrote (no rewrite).
+    if let Some(resume) = helmop.annotations().get(labels::ROLLOUT_RESUME) {
+        hashed["resume"] = resume.clone().into();
+    }
+    hash::value_hash(&hashed)
 }
 
 /// The apply of the Bundle for `helmop`, or none: it is current, someone else's, or being
@@ -78,10 +83,12 @@ pub fn bundle_op(helmop: &HelmOp, live: Option<&Bundle>) -> Option<Op> {
     let mut bundle = Bundle::new(&name, spec);
     bundle.metadata.namespace = Some(ns.clone());
     bundle.metadata.labels = Some(bundle_labels(helmop));
-    bundle.metadata.annotations = Some(BTreeMap::from([(
-        labels::CONTENT_HASH.to_string(),
-        desired.clone(),
-    )]));
+    let mut annotations = BTreeMap::from([(labels::CONTENT_HASH.to_string(), desired.clone())]);
+    // `tender rollout resume --helmop` reaches the HelmOp's Bundle (docs/rollouts.md).
+    if let Some(resume) = helmop.annotations().get(labels::ROLLOUT_RESUME) {
+        annotations.insert(labels::ROLLOUT_RESUME.to_string(), resume.clone());
+    }
+    bundle.metadata.annotations = Some(annotations);
     bundle.metadata.owner_references = Some(vec![OwnerReference {
         api_version: API_GROUP_VERSION.into(),
         kind: "HelmOp".into(),
@@ -297,6 +304,25 @@ mod tests {
             ..Default::default()
         });
         b
+    }
+
+    #[test]
+    fn the_rollout_strategy_and_a_resume_reach_the_bundle() {
+        let mut with = spec();
+        with["rolloutStrategy"] =
+            json!({"partitions": [{"clusterName": "a"}], "onFailure": "Rollback"});
+        let mut h = helmop(with);
+        let b = written(&bundle_op(&h, None).unwrap(), 1);
+        let strategy = b.spec.rollout_strategy.as_ref().expect("carried");
+        assert_eq!(strategy.partitions[0].cluster_name.as_deref(), Some("a"));
+        assert!(bundle_op(&h, Some(&b)).is_none(), "current");
+        // `tender rollout resume --helmop web`: a new annotation value is written to the Bundle.
+        h.metadata.annotations = Some(BTreeMap::from([(
+            labels::ROLLOUT_RESUME.to_string(),
+            "t1".to_string(),
+        )]));
+        let resumed = written(&bundle_op(&h, Some(&b)).expect("resume passed on"), 2);
+        assert_eq!(resumed.annotations()[labels::ROLLOUT_RESUME], "t1");
     }
 
     #[test]

@@ -1,0 +1,215 @@
+//! The Bundle reconcile's one call into rollouts: read the kept state, ask the pure gate
+//! ([`super::rollout`]) which clusters are released, keep the previous revisions it needs
+//! ([`super::revisions`]) before any write, and write a rolled-back cluster's previous revision.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use tender_runtime::executor::{Apply, Op};
+use tender_types::rollout::RolloutStrategy;
+use tender_types::targeting::GroupInfo;
+use tender_types::{Bundle, BundleDeployment, labels};
+
+use super::ops::{self, CopyStep, DeploymentStep, LiveCopy};
+use super::plan::{ClusterView, DesiredCopy, Plan, SourceKey, SourceState};
+use super::revisions;
+use super::rollout::{self, ClusterRollout, Decision, Gate};
+use crate::Error;
+use crate::context::Ctx;
+use crate::summary::classify;
+
+/// What the reconcile needs of the gate.
+pub(crate) struct Waves {
+    /// The gate's answer.
+    pub gate: Gate,
+    /// The previous revisions kept.
+    pub snapshot: revisions::Snapshot,
+}
+
+/// Everything the gate reads besides the kept state.
+pub(crate) struct GateInput<'a> {
+    pub strategy: &'a RolloutStrategy,
+    /// The Bundle's spec with a polled chart version resolved: a new version is a new revision.
+    pub spec: &'a tender_types::BundleSpec,
+    pub plan: &'a Plan,
+    pub views: &'a [ClusterView<'a>],
+    pub groups: &'a [GroupInfo<'a>],
+    pub by_ns: &'a HashMap<String, Arc<BundleDeployment>>,
+    pub copies_by_ns: &'a HashMap<String, Vec<LiveCopy>>,
+    pub sources: &'a BTreeMap<SourceKey, SourceState>,
+}
+
+/// Runs the gate for `bundle`; `Err(message)` for an invalid strategy (nothing is released
+/// then but clusters without a BundleDeployment).
+pub(crate) async fn gate(
+    ctx: &Ctx,
+    bundle: &Bundle,
+    input: &GateInput<'_>,
+) -> Result<Result<Waves, String>, Error> {
+    let name = bundle.name_any();
+    let shard = ctx.config.shard_id.as_deref();
+    let kept = revisions::read(&ctx.client, bundle, shard)
+        .await
+        .map_err(crate::kube_err("read the rollout state"))?;
+    let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
+        input.views.iter().map(|v| (v.name, v.labels)).collect();
+    let states: Vec<_> = input
+        .plan
+        .deployments
+        .iter()
+        .map(|d| {
+            let live = input
+                .by_ns
+                .get(&d.namespace)
+                .filter(|bd| bd.metadata.deletion_timestamp.is_none());
+            (
+                d,
+                live.map(|bd| (bd.spec.deployment_id.as_str(), classify(bd))),
+            )
+        })
+        .collect();
+    let clusters: Vec<ClusterRollout<'_>> = states
+        .iter()
+        .map(|(d, live)| ClusterRollout {
+            name: &d.cluster,
+            labels: labels_of
+                .get(d.cluster.as_str())
+                .copied()
+                .unwrap_or(super::observe::no_labels()),
+            desired: d.spec.as_ref().map(|s| s.deployment_id.as_str()),
+            live: *live,
+        })
+        .collect();
+    let revision = revisions::revision(input.spec, input.sources);
+    let resume = bundle
+        .annotations()
+        .get(labels::ROLLOUT_RESUME)
+        .map(String::as_str);
+    let new_revision = kept.state.as_ref().is_none_or(|s| s.revision != revision);
+    let mut snapshot = if new_revision {
+        revisions::Snapshot::default()
+    } else {
+        kept.snapshot.clone()
+    };
+    let inputs = rollout::Inputs {
+        strategy: input.strategy,
+        revision: &revision,
+        previous: kept.state.as_ref(),
+        resume,
+        rollback_possible: !snapshot.overflow,
+        now: Timestamp::now().as_millisecond(),
+    };
+    let gate = match rollout::gate(&inputs, &clusters, input.groups) {
+        Ok(gate) => gate,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    // The previous revision of each cluster about to be released, kept before its first write.
+    let ns_of: BTreeMap<&str, &str> = input
+        .plan
+        .deployments
+        .iter()
+        .map(|d| (d.cluster.as_str(), d.namespace.as_str()))
+        .collect();
+    for cluster in &gate.snapshot {
+        let Some(cluster_ns) = ns_of.get(cluster.as_str()) else {
+            continue;
+        };
+        let copies: Vec<_> = input
+            .copies_by_ns
+            .get(*cluster_ns)
+            .map(|v| v.iter().map(|c| (c.kind, c.name.clone())).collect())
+            .unwrap_or_default();
+        revisions::keep(
+            &ctx.client,
+            &mut snapshot,
+            &name,
+            cluster,
+            cluster_ns,
+            &copies,
+        )
+        .await
+        .map_err(crate::kube_err("keep the previous revision"))?;
+    }
+    let targeted: BTreeSet<String> = ns_of.keys().map(|c| c.to_string()).collect();
+    revisions::prune(&mut snapshot, &targeted);
+    if kept.state.as_ref() != Some(&gate.state) || kept.snapshot != snapshot {
+        ctx.exec
+            .execute(revisions::write_op(bundle, shard, &gate.state, &snapshot))
+            .await?;
+    }
+    Ok(Ok(Waves { gate, snapshot }))
+}
+
+/// The decision for `cluster` (release when there is no gate).
+pub(crate) fn decision(waves: Option<&Waves>, cluster: &str) -> Decision {
+    waves
+        .and_then(|w| w.gate.decisions.get(cluster).copied())
+        .unwrap_or(Decision::Release)
+}
+
+/// Writes `cluster`'s previous revision (copies first, then its BundleDeployment), each only
+/// where the live one differs; nothing when no previous revision was kept.
+pub(crate) async fn write_rollback(
+    ctx: &Ctx,
+    bundle: &Bundle,
+    desired: &super::plan::DesiredDeployment,
+    snapshot: &revisions::Snapshot,
+) -> Result<usize, Error> {
+    let ns = bundle.namespace().unwrap_or_default();
+    let name = bundle.name_any();
+    let Some(spec) = revisions::previous_spec(snapshot, &desired.cluster) else {
+        return Ok(0);
+    };
+    let bd_name = tender_types::names::bundle_deployment_name(&name);
+    let Some(live) = super::observe::live_deployment(ctx, &desired.namespace, &bd_name) else {
+        return Ok(0);
+    };
+    let Some(uid) = live.metadata.uid.clone() else {
+        return Ok(0);
+    };
+    let shard = ctx.config.shard_id.as_deref();
+    let owner = ops::copy_owner(&name, uid.clone());
+    let owned = ops::owned_labels(&ns, &name, &desired.cluster, &desired.namespace, shard);
+    let mut written = 0;
+    for (kind, copy_name, content_hash, body) in revisions::previous_copies(
+        snapshot,
+        &desired.cluster,
+        &desired.namespace,
+        &owner,
+        &owned,
+    ) {
+        let live_copy = super::observe::live_copy(ctx, kind, &desired.namespace, &copy_name);
+        let want = DesiredCopy {
+            kind,
+            source_kind: tender_types::copy::CopyableKind {
+                api_version: "v1".into(),
+                kind: kind.as_str().into(),
+            },
+            source: String::new(),
+            copy_name: copy_name.clone(),
+            bytes: 0,
+            hash: content_hash,
+        };
+        let CopyStep::Write { .. } = ops::copy_step(&want, live_copy.as_ref(), &uid) else {
+            continue;
+        };
+        let op = Op::Apply(Apply {
+            key: ops::copy_key(kind, &desired.namespace, &copy_name),
+            body,
+            replace_if_immutable: true,
+            fingerprint: None,
+        });
+        if ctx.exec.execute(op).await?.wrote {
+            written += 1;
+        }
+    }
+    if let DeploymentStep::Write(op) =
+        ops::deployment_step(&ns, &name, desired, Some(&spec), Some(&live), shard)
+        && ctx.exec.execute(*op).await?.wrote
+    {
+        written += 1;
+    }
+    Ok(written)
+}

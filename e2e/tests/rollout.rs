@@ -1,0 +1,601 @@
+//! Rollouts in waves end to end (docs/rollouts.md): 12 Clusters with their agents over two
+//! downstream apiservers (each cluster deploys into its own namespace), in 3 partitions.
+//!
+//! The test plays the Deployment controller: the Bundle's Deployment mounts the copied Secret
+//! `db-creds`, and the player makes it available only while the copy in its namespace holds an
+//! accepted password. A watch on every downstream copy records each content each cluster
+//! ever held, so "waves 2–3 never held the bad credential" is checked over the whole run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::watcher::{self, Event};
+use serde_json::{Value, json};
+use tender_e2e::fixture::{Agent, WAIT, Workspace, secret_value, stays};
+use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
+use tender_types::conditions::{
+    TYPE_READY, TYPE_ROLLED_BACK, TYPE_ROLLOUT_HALTED, find_condition, is_true, reason,
+};
+use tender_types::{Bundle, BundleDeployment};
+
+const CLUSTERS: usize = 12;
+const SOAK: u64 = 4;
+const DEADLINE: u64 = 10;
+/// The good rotation's deadline: generous, a slow machine must not fail it.
+const GOOD_DEADLINE: u64 = 20;
+
+/// What the test saw: per cluster, each password its copy held, with when.
+#[derive(Default)]
+struct Seen {
+    passwords: BTreeMap<String, Vec<(String, Instant)>>,
+}
+
+struct Fleet {
+    ws: Workspace,
+    _agents: Vec<Agent>,
+    /// Cluster → (wave 1..=3, downstream index, namespace).
+    clusters: Vec<(String, usize, usize, String)>,
+    seen: Arc<Mutex<Seen>>,
+    /// Passwords the consumers accept.
+    accepted: Arc<Mutex<BTreeSet<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn wave_of(i: usize) -> usize {
+    1 + i % 3
+}
+
+impl Fleet {
+    async fn start(prefix: &str) -> Self {
+        let ws = Workspace::new(shared_env(2).await, prefix).await;
+        let mut agents = Vec::new();
+        let mut clusters = Vec::new();
+        for i in 0..CLUSTERS {
+            let name = format!("c{:02}", i + 1);
+            let wave = wave_of(i);
+            let down = 1 + i % 2;
+            let w = wave.to_string();
+            agents.push(
+                ws.agent_labelled(&name, &downstream_name(down), &[("wave", &w)])
+                    .await,
+            );
+            clusters.push((name.clone(), wave, down, unique_name(&name)));
+        }
+        let mut fleet = Fleet {
+            ws,
+            _agents: agents,
+            clusters,
+            seen: Arc::default(),
+            accepted: Arc::new(Mutex::new(BTreeSet::from(["good-1".to_string()]))),
+            tasks: Vec::new(),
+        };
+        for down in [1, 2] {
+            let client = fleet.ws.downstream(&downstream_name(down)).await;
+            fleet.watch_copies(client.clone(), down);
+            fleet.play_deployments(client, down);
+        }
+        fleet
+    }
+
+    fn cluster_of_ns(&self) -> BTreeMap<String, String> {
+        self.clusters
+            .iter()
+            .map(|(c, _, _, ns)| (ns.clone(), c.clone()))
+            .collect()
+    }
+
+    /// Records every content of every copy of `db-creds` on downstream `down`.
+    fn watch_copies(&mut self, client: kube::Client, down: usize) {
+        let by_ns = self.cluster_of_ns();
+        let seen = self.seen.clone();
+        let _ = down;
+        self.tasks.push(tokio::spawn(async move {
+            let api: Api<Secret> = Api::all(client);
+            let config = watcher::Config::default().fields("metadata.name=db-creds");
+            let mut stream = watcher::watcher(api, config).boxed();
+            while let Some(event) = stream.next().await {
+                let objects = match event {
+                    Ok(Event::Apply(s) | Event::InitApply(s)) => vec![s],
+                    _ => continue,
+                };
+                for s in objects {
+                    let ns = s.metadata.namespace.clone().unwrap_or_default();
+                    let Some(cluster) = by_ns.get(&ns) else {
+                        continue;
+                    };
+                    let password = secret_value(&s, "password").unwrap_or_default();
+                    let mut seen = seen.lock().unwrap();
+                    let list = seen.passwords.entry(cluster.clone()).or_default();
+                    if list.last().map(|(p, _)| p) != Some(&password) {
+                        list.push((password, Instant::now()));
+                    }
+                }
+            }
+        }));
+    }
+
+    /// Plays the Deployment controller on downstream `down`: `app` is available only while
+    /// the copy in its namespace holds an accepted password.
+    fn play_deployments(&mut self, client: kube::Client, down: usize) {
+        let namespaces: Vec<String> = self
+            .clusters
+            .iter()
+            .filter(|(_, _, d, _)| *d == down)
+            .map(|(_, _, _, ns)| ns.clone())
+            .collect();
+        let accepted = self.accepted.clone();
+        self.tasks.push(tokio::spawn(async move {
+            loop {
+                for ns in &namespaces {
+                    if let Err(e) = play_one(&client, ns, &accepted).await {
+                        eprintln!("player {ns}: {e}");
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(150)).await;
+            }
+        }));
+    }
+
+    fn accept(&self, passwords: &[&str]) {
+        *self.accepted.lock().unwrap() = passwords.iter().map(|p| p.to_string()).collect();
+    }
+
+    fn bundle_spec(&self, on_failure: &str, deadline: u64, with_strategy: bool) -> Value {
+        let targets: Vec<Value> = self
+            .clusters
+            .iter()
+            .map(|(c, _, _, ns)| json!({"clusterName": c, "targetNamespace": ns}))
+            .collect();
+        let wave = |w: &str| json!({"name": format!("wave-{w}"), "clusterSelector": {"matchLabels": {"wave": w}}});
+        let mut spec = json!({
+            "targets": targets,
+            "downstreamResources": [{"kind": "Secret", "name": "db-creds"}],
+            "resources": [{
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "app"},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": "app"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "app"}},
+                        "spec": {
+                            "containers": [{"name": "app", "image": "example.test/app:1",
+                                "volumeMounts": [{"name": "creds", "mountPath": "/creds"}]}],
+                            "volumes": [{"name": "creds", "secret": {"secretName": "db-creds"}}]
+                        }
+                    }
+                }
+            }],
+        });
+        if with_strategy {
+            spec["rolloutStrategy"] = json!({
+                "partitions": [wave("1"), wave("2"), wave("3")],
+                "progressDeadlineSeconds": deadline,
+                "soakSeconds": SOAK,
+                "onFailure": on_failure,
+            });
+        }
+        spec
+    }
+
+    fn clusters_in(&self, waves: &[usize]) -> Vec<String> {
+        self.clusters
+            .iter()
+            .filter(|(_, w, _, _)| waves.contains(w))
+            .map(|(c, _, _, _)| c.clone())
+            .collect()
+    }
+
+    /// Every cluster ever held `password`.
+    fn held(&self, password: &str) -> BTreeSet<String> {
+        let seen = self.seen.lock().unwrap();
+        seen.passwords
+            .iter()
+            .filter(|(_, list)| list.iter().any(|(p, _)| p == password))
+            .map(|(c, _)| c.clone())
+            .collect()
+    }
+
+    /// When each cluster first held `password`.
+    fn first_held(&self, password: &str) -> BTreeMap<String, Instant> {
+        let seen = self.seen.lock().unwrap();
+        seen.passwords
+            .iter()
+            .filter_map(|(c, list)| {
+                list.iter()
+                    .find(|(p, _)| p == password)
+                    .map(|(_, t)| (c.clone(), *t))
+            })
+            .collect()
+    }
+
+    /// The password each cluster's copy holds now (from the watch).
+    fn current(&self, cluster: &str) -> Option<String> {
+        let seen = self.seen.lock().unwrap();
+        seen.passwords
+            .get(cluster)
+            .and_then(|l| l.last())
+            .map(|(p, _)| p.clone())
+    }
+
+    async fn all_ready(&self, clusters: &[String]) {
+        for c in clusters {
+            self.ws.ready(c, "app").await;
+        }
+    }
+
+    async fn bundle(&self) -> Bundle {
+        Api::<Bundle>::namespaced(self.ws.hub.clone(), &self.ws.ns)
+            .get("app")
+            .await
+            .unwrap()
+    }
+
+    /// Waits for condition `type_` with `reason` (RolloutComplete is RolloutProgressing=False,
+    /// every other reason waited for here comes with True).
+    async fn wait_condition(&self, type_: &str, reason: &str) -> Bundle {
+        let api = Api::<Bundle>::namespaced(self.ws.hub.clone(), &self.ws.ns);
+        let want = if reason == reason::ROLLOUT_COMPLETE {
+            "False"
+        } else {
+            "True"
+        };
+        eventually(
+            &format!("Bundle {type_}={want} ({reason})"),
+            WAIT,
+            || async {
+                let b = api.get("app").await?;
+                let hit = b
+                    .status
+                    .as_ref()
+                    .and_then(|s| find_condition(&s.conditions, type_))
+                    .is_some_and(|c| c.status == want && c.reason == reason);
+                if !hit && let Some(st) = &b.status {
+                    let conds: Vec<String> = st
+                        .conditions
+                        .iter()
+                        .map(|c| format!("{}={}({}): {}", c.type_, c.status, c.reason, c.message))
+                        .collect();
+                    eprintln!(
+                        "rollout status: partitions {:?} conditions {conds:?}",
+                        st.partitions
+                    );
+                }
+                Ok::<_, kube::Error>(hit.then_some(b))
+            },
+        )
+        .await
+    }
+}
+
+async fn play_one(
+    client: &kube::Client,
+    ns: &str,
+    accepted: &Mutex<BTreeSet<String>>,
+) -> kube::Result<()> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let Some(d) = deployments.get_opt("app").await? else {
+        return Ok(());
+    };
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get_opt("db-creds")
+        .await?;
+    let password = secret.and_then(|s| secret_value(&s, "password"));
+    let ok = password.is_some_and(|p| accepted.lock().unwrap().contains(&p));
+    let generation = d.metadata.generation.unwrap_or(1);
+    let n = i32::from(ok);
+    let status = d.status.unwrap_or_default();
+    if status.observed_generation == Some(generation) && status.available_replicas.unwrap_or(0) == n
+    {
+        return Ok(());
+    }
+    let body = json!({"status": {
+        "observedGeneration": generation, "replicas": 1, "updatedReplicas": 1,
+        "readyReplicas": n, "availableReplicas": n, "unavailableReplicas": 1 - n,
+        "conditions": [{"type": "Available", "status": if ok {"True"} else {"False"},
+            "reason": if ok {"MinimumReplicasAvailable"} else {"MinimumReplicasUnavailable"},
+            "message": "played by the rollout test"}]
+    }});
+    deployments
+        .patch_status("app", &PatchParams::default(), &Patch::Merge(&body))
+        .await?;
+    Ok(())
+}
+
+async fn rotate(fleet: &Fleet, password: &str) {
+    fleet
+        .ws
+        .source_secret("db-creds", &[("password", password)])
+        .await;
+}
+
+async fn resume(fleet: &Fleet, value: &str) {
+    Api::<Bundle>::namespaced(fleet.ws.hub.clone(), &fleet.ws.ns)
+        .patch(
+            "app",
+            &PatchParams::default(),
+            &Patch::Merge(tender_cli::rollout::resume_patch(value)),
+        )
+        .await
+        .unwrap();
+}
+
+fn phases(b: &Bundle) -> Vec<String> {
+    b.status
+        .as_ref()
+        .map(|s| s.partitions.iter().map(|p| p.phase.clone()).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and_3() {
+    let fleet = Fleet::start("rollout-bad").await;
+    rotate(&fleet, "good-1").await;
+    fleet
+        .ws
+        .bundle("app", fleet.bundle_spec("Rollback", DEADLINE, true))
+        .await;
+    let everyone = fleet.clusters_in(&[1, 2, 3]);
+    fleet.all_ready(&everyone).await;
+    let complete = fleet
+        .wait_condition(
+            tender_types::conditions::TYPE_ROLLOUT_PROGRESSING,
+            reason::ROLLOUT_COMPLETE,
+        )
+        .await;
+    assert_eq!(phases(&complete), ["Done", "Done", "Done"]);
+
+    // A rotation to a credential the consumers reject.
+    let started = Instant::now();
+    rotate(&fleet, "bad").await;
+    let halted = fleet
+        .wait_condition(TYPE_ROLLED_BACK, reason::ROLLED_BACK)
+        .await;
+    let halted_cond = find_condition(
+        &halted.status.as_ref().unwrap().conditions,
+        TYPE_ROLLOUT_HALTED,
+    )
+    .unwrap()
+    .clone();
+    assert_eq!(
+        (halted_cond.status.as_str(), halted_cond.reason.as_str()),
+        ("True", reason::PROGRESS_DEADLINE_EXCEEDED)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(DEADLINE - 1),
+        "failed by its deadline, not before"
+    );
+    let wave1 = fleet.clusters_in(&[1]);
+    let later = fleet.clusters_in(&[2, 3]);
+    assert_eq!(
+        fleet.held("bad"),
+        wave1.iter().cloned().collect::<BTreeSet<_>>(),
+        "only wave 1 ever held the bad credential"
+    );
+    // Wave 1 held the bad credential, and is back at the old one, ready.
+    for c in &wave1 {
+        eventually(&format!("{c} back at good-1"), WAIT, || async {
+            Ok::<_, String>((fleet.current(c).as_deref() == Some("good-1")).then_some(()))
+        })
+        .await;
+    }
+    fleet.all_ready(&wave1).await;
+    let b = fleet.bundle().await;
+    assert_eq!(phases(&b), ["RolledBack", "Waiting", "Waiting"]);
+    assert!(is_true(
+        &b.status.as_ref().unwrap().conditions,
+        TYPE_ROLLOUT_HALTED
+    ));
+    // The rollout stays halted: waves 2 and 3 keep the old credential.
+    stays(
+        "waves 2 and 3 never hold the bad credential",
+        Duration::from_secs(DEADLINE + SOAK),
+        &BTreeSet::new(),
+        || async {
+            let bad = fleet.held("bad");
+            later
+                .iter()
+                .filter(|c| bad.contains(*c))
+                .cloned()
+                .collect::<BTreeSet<String>>()
+        },
+    )
+    .await;
+    assert_eq!(
+        phases(&fleet.bundle().await),
+        ["RolledBack", "Waiting", "Waiting"]
+    );
+    // The rollout Secret keeps the previous revision in the workspace, never in a cluster
+    // namespace.
+    let kept = Api::<Secret>::namespaced(fleet.ws.hub.clone(), &fleet.ws.ns)
+        .get(&tender_types::names::rollout_secret("app", None))
+        .await
+        .unwrap();
+    assert!(kept.data.unwrap().contains_key("previous.json"));
+}
+
+#[tokio::test]
+async fn a_good_rotation_passes_wave_by_wave_with_the_soak_and_pause_waits_for_resume() {
+    let fleet = Fleet::start("rollout-good").await;
+    fleet.accept(&["good-1", "good-2", "good-3"]);
+    rotate(&fleet, "good-1").await;
+    fleet
+        .ws
+        .bundle("app", fleet.bundle_spec("Pause", GOOD_DEADLINE, true))
+        .await;
+    fleet.all_ready(&fleet.clusters_in(&[1, 2, 3])).await;
+    fleet
+        .wait_condition(
+            tender_types::conditions::TYPE_ROLLOUT_PROGRESSING,
+            reason::ROLLOUT_COMPLETE,
+        )
+        .await;
+
+    // A good rotation: wave by wave, each released no earlier than the previous ready + soak.
+    let bds_ready_at = watch_ready_times(&fleet);
+    rotate(&fleet, "good-2").await;
+    fleet.all_ready(&fleet.clusters_in(&[1, 2, 3])).await;
+    fleet
+        .wait_condition(
+            tender_types::conditions::TYPE_ROLLOUT_PROGRESSING,
+            reason::ROLLOUT_COMPLETE,
+        )
+        .await;
+    let first = fleet.first_held("good-2");
+    let ready = bds_ready_at.lock().unwrap().clone();
+    for w in [1, 2] {
+        let prev_ready = fleet
+            .clusters_in(&[w])
+            .iter()
+            .map(|c| ready[c])
+            .max()
+            .unwrap();
+        let next_first = fleet
+            .clusters_in(&[w + 1])
+            .iter()
+            .map(|c| first[c])
+            .min()
+            .unwrap();
+        assert!(
+            next_first >= prev_ready + Duration::from_millis(SOAK * 1000 - 300),
+            "wave {} released {:?} after wave {w} was ready (soak {SOAK} s)",
+            w + 1,
+            next_first.saturating_duration_since(prev_ready)
+        );
+    }
+
+    // Pause: a bad rotation halts at wave 1 and stays halted, wave 1 keeping the new content.
+    rotate(&fleet, "bad").await;
+    fleet
+        .wait_condition(TYPE_ROLLOUT_HALTED, reason::PROGRESS_DEADLINE_EXCEEDED)
+        .await;
+    let later = fleet.clusters_in(&[2, 3]);
+    stays(
+        "paused: waves 2 and 3 keep good-2",
+        Duration::from_secs(SOAK + 2),
+        &BTreeSet::new(),
+        || async {
+            let bad = fleet.held("bad");
+            later
+                .iter()
+                .filter(|c| bad.contains(*c))
+                .cloned()
+                .collect::<BTreeSet<String>>()
+        },
+    )
+    .await;
+    for c in fleet.clusters_in(&[1]) {
+        assert_eq!(
+            fleet.current(&c).as_deref(),
+            Some("bad"),
+            "Pause leaves wave 1 as it is"
+        );
+    }
+    assert_eq!(
+        phases(&fleet.bundle().await),
+        ["Failed", "Waiting", "Waiting"]
+    );
+    // The consumers are fixed downstream; the rollout stays halted until resumed.
+    fleet.accept(&["good-1", "good-2", "bad"]);
+    fleet.all_ready(&fleet.clusters_in(&[1])).await;
+    stays(
+        "halted until resumed",
+        Duration::from_secs(SOAK + 1),
+        &BTreeSet::new(),
+        || async {
+            let bad = fleet.held("bad");
+            later
+                .iter()
+                .filter(|c| bad.contains(*c))
+                .cloned()
+                .collect::<BTreeSet<String>>()
+        },
+    )
+    .await;
+    resume(&fleet, "now").await;
+    fleet.all_ready(&fleet.clusters_in(&[1, 2, 3])).await;
+    for c in fleet.clusters_in(&[1, 2, 3]) {
+        eventually(&format!("{c} resumed to the new content"), WAIT, || async {
+            Ok::<_, String>((fleet.current(&c).as_deref() == Some("bad")).then_some(()))
+        })
+        .await;
+    }
+    fleet
+        .wait_condition(
+            tender_types::conditions::TYPE_ROLLOUT_PROGRESSING,
+            reason::ROLLOUT_COMPLETE,
+        )
+        .await;
+
+    // Without a rolloutStrategy every cluster gets a change at once, and no wave is reported.
+    fleet
+        .ws
+        .bundle("app", fleet.bundle_spec("Pause", GOOD_DEADLINE, false))
+        .await;
+    let t0 = Instant::now();
+    rotate(&fleet, "good-3").await;
+    for c in fleet.clusters_in(&[1, 2, 3]) {
+        eventually(&format!("{c} at good-3"), WAIT, || async {
+            Ok::<_, String>((fleet.current(&c).as_deref() == Some("good-3")).then_some(()))
+        })
+        .await;
+    }
+    assert!(
+        t0.elapsed() < Duration::from_secs(2 * SOAK),
+        "no waves without a strategy: all 12 in {:?}",
+        t0.elapsed()
+    );
+    let b = fleet.bundle().await;
+    let s = b.status.unwrap();
+    assert!(s.partitions.is_empty() && s.unavailable.is_none());
+    assert!(find_condition(&s.conditions, TYPE_ROLLOUT_HALTED).is_none());
+    assert!(find_condition(&s.conditions, TYPE_READY).is_some());
+}
+
+/// When each BundleDeployment of `app` (by cluster) was last seen ready at its deploymentID.
+fn watch_ready_times(fleet: &Fleet) -> Arc<Mutex<BTreeMap<String, Instant>>> {
+    let times: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
+    let out = times.clone();
+    let api: Api<BundleDeployment> = Api::all(fleet.ws.hub.clone());
+    let selector = format!("{}={}", tender_types::labels::BUNDLE_NAMESPACE, fleet.ws.ns);
+    tokio::spawn(async move {
+        let mut stream =
+            watcher::watcher(api, watcher::Config::default().labels(&selector)).boxed();
+        let mut ids: BTreeMap<String, String> = BTreeMap::new();
+        while let Some(event) = stream.next().await {
+            let Ok(Event::Apply(bd) | Event::InitApply(bd)) = event else {
+                continue;
+            };
+            let Some(cluster) = bd
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(tender_types::labels::CLUSTER).cloned())
+            else {
+                continue;
+            };
+            let ready = bd.status.as_ref().is_some_and(|s| {
+                s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                    && is_true(&s.conditions, TYPE_READY)
+            });
+            if ready && ids.get(&cluster) != Some(&bd.spec.deployment_id) {
+                ids.insert(cluster.clone(), bd.spec.deployment_id.clone());
+                out.lock().unwrap().insert(cluster, Instant::now());
+            }
+        }
+    });
+    times
+}
