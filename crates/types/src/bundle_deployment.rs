@@ -104,7 +104,7 @@ impl std::fmt::Display for ObjectState {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BundleDeploymentSpec {
-    /// Content hash of the manifests, the options and the copied sources; the agent deploys when it differs from status.appliedDeploymentID.
+    /// Content hash of the manifests and the options; the agent deploys when this together with its verified copies' content hashes differs from status.appliedDeploymentID.
     #[serde(rename = "deploymentID")]
     pub deployment_id: String,
 
@@ -181,7 +181,8 @@ pub struct CopiedResource {
     pub name: String,
     /// Name of the copy (or of the carrier Secret) in this BundleDeployment's namespace on the hub.
     pub copy_name: String,
-    /// Content hash of the source (see tender_types::hash); a change triggers a new deployment.
+    /// Unused since decision 0089-signed-copies (the copy's hub signature carries its content hash, so a rotation does not rewrite the BundleDeployment); an agent still accepts a copy whose content hashes to a value set here.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hash: String,
 }
 

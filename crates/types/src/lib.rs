@@ -20,6 +20,7 @@ pub mod names;
 pub mod namespaces;
 pub mod ownership;
 pub mod service_account;
+pub mod signing;
 pub mod targeting;
 pub mod upstream;
 
