@@ -61,7 +61,10 @@ fn short(id: &str) -> &str {
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
 /// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered or
 /// whose values the owner's policy does not let it read.
-const SPECIFIC_ERRORS: [&str; 16] = [
+const SPECIFIC_ERRORS: [&str; 19] = [
+    reason::COPY_SIGNATURE_INVALID,
+    reason::HUB_KEY_UNKNOWN,
+    reason::COPY_REPLAYED,
     reason::SERVICE_ACCOUNT_NOT_ALLOWED,
     reason::KIND_NOT_INSTALLED,
     reason::NAMESPACE_TERMINATING,

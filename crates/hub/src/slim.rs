@@ -62,7 +62,7 @@ pub(crate) fn copy(meta: &mut ObjectMeta) {
     }
     l.retain(|k, _| k == labels::BUNDLE_NAME || k == labels::BUNDLE_NAMESPACE);
     if let Some(a) = meta.annotations.as_mut() {
-        a.retain(|k, _| k == labels::CONTENT_HASH);
+        a.retain(|k, _| k == labels::CONTENT_HASH || k == labels::HUB_SIGNATURE);
     }
     meta.creation_timestamp = None;
     for o in meta.owner_references.iter_mut().flatten() {
