@@ -28,17 +28,23 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     // What is deployed is the spec together with the copies the agent trusts now: a rotation
     // (a new signed copy) redeploys without a BundleDeployment write (decision
     // 0089-signed-copies). From here on `spec.deploymentID` is that effective id.
+    let base_id = bd.spec.deployment_id.clone();
     let effective = effective(ctx, bd, &name).await;
     let bd = &effective;
     let spec = &bd.spec;
     let opts = &spec.options;
     let prev = bd.status.as_ref();
-    let prev_applied = prev.and_then(|s| s.applied_deployment_id.clone());
+    let prev_applied = prev.and_then(|s| {
+        s.applied_copies_id
+            .clone()
+            .or_else(|| s.applied_deployment_id.clone())
+    });
     let pending = prev_applied.as_deref() != Some(spec.deployment_id.as_str());
     let mut outcome = Outcome {
         deployment_id: spec.deployment_id.clone(),
         generation: bd.metadata.generation,
         applied_id: prev_applied,
+        applied_base_id: prev.and_then(|s| s.applied_deployment_id.clone()),
         ..Default::default()
     };
     if spec.paused && pending {
@@ -134,6 +140,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         if pending {
             applied_now = true;
             outcome.applied_id = Some(spec.deployment_id.clone());
+            outcome.applied_base_id = Some(base_id.clone());
             ctx.metrics.deployed();
             tracing::info!(bundle_deployment = %name, deployment_id = %spec.deployment_id, "deployment applied");
         }

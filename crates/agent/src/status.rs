@@ -16,8 +16,12 @@ pub struct Outcome {
     pub deployment_id: String,
     /// `metadata.generation`.
     pub generation: Option<i64>,
-    /// The deploymentID now completely applied (the new one on success, else the previous).
+    /// The deploymentID now completely applied (the new one on success, else the previous);
+    /// with copies, the effective id (`tender_types::hash::effective_deployment_id`).
     pub applied_id: Option<String>,
+    /// The `spec.deploymentID` `applied_id` was applied from, when that differs (copies):
+    /// written as `appliedDeploymentID`, `applied_id` as `appliedCopiesID`.
+    pub applied_base_id: Option<String>,
     /// Per-copy state, in `downstreamResources` order.
     pub copies: Vec<ObjectStatus>,
     /// Per-manifest state, in `resources` order.
@@ -299,8 +303,15 @@ pub fn compute(
             .map(ObjectStatus::object)
             .collect()
     };
+    let (applied_deployment_id, applied_copies_id) = match &o.applied_base_id {
+        Some(base) if o.applied_id.as_ref().is_some_and(|a| a != base) => {
+            (Some(base.clone()), o.applied_id.clone())
+        }
+        _ => (o.applied_id.clone(), None),
+    };
     BundleDeploymentStatus {
-        applied_deployment_id: o.applied_id.clone(),
+        applied_deployment_id,
+        applied_copies_id,
         observed_generation: generation,
         conditions,
         modified: if applied {

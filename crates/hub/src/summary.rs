@@ -70,7 +70,11 @@ pub fn classify_with(bd: &BundleDeployment, expected: &str) -> DeploymentState {
     if not_deployed || copy_failed || failing {
         return DeploymentState::ErrApplied;
     }
-    if status.applied_deployment_id.as_deref() != Some(expected) {
+    let applied = status
+        .applied_copies_id
+        .as_deref()
+        .or(status.applied_deployment_id.as_deref());
+    if applied != Some(expected) {
         return DeploymentState::WaitApplied;
     }
     if !status.modified.is_empty() {

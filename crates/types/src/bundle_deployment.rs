@@ -202,13 +202,21 @@ impl CopiedResource {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BundleDeploymentStatus {
-    /// The spec.deploymentID the agent last deployed successfully.
+    /// The spec.deploymentID the agent last deployed successfully (with the copies in appliedCopiesID).
     #[serde(
         default,
         rename = "appliedDeploymentID",
         skip_serializing_if = "Option::is_none"
     )]
     pub applied_deployment_id: Option<String>,
+
+    /// With copies: the deployment the agent last applied including the content hashes of the copies it verified (tender_types::hash::effective_deployment_id); a rotation changes it without a new deploymentID. The hub computes the same from the copies it wrote.
+    #[serde(
+        default,
+        rename = "appliedCopiesID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub applied_copies_id: Option<String>,
 
     /// metadata.generation of the BundleDeployment this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
