@@ -211,7 +211,12 @@ pub fn compute(
                 restored.join(", ")
             ));
         } else if let Some(c) = prev
-            .filter(|p| p.applied_deployment_id == o.applied_id)
+            .filter(|p| {
+                p.applied_copies_id
+                    .as_ref()
+                    .or(p.applied_deployment_id.as_ref())
+                    == o.applied_id.as_ref()
+            })
             .and_then(|p| find_condition(&p.conditions, TYPE_DEPLOYED))
             .filter(|c| c.reason == reason::DEPLOYED)
         {
@@ -564,5 +569,25 @@ mod tests {
         let r = find_condition(&s.conditions, TYPE_READY).unwrap();
         assert_eq!(r.reason, reason::NOT_READY);
         assert!(r.message.contains("0/1 replicas"));
+    }
+
+    #[test]
+    fn with_copies_the_effective_id_is_reported_apart_from_the_spec_id() {
+        let o = Outcome {
+            deployment_id: "eff-2".into(),
+            applied_id: Some("eff-2".into()),
+            applied_base_id: Some("id-1".into()),
+            ..Default::default()
+        };
+        let s = compute(None, &o, Time(Timestamp::from_second(1).unwrap()));
+        assert_eq!(s.applied_deployment_id.as_deref(), Some("id-1"));
+        assert_eq!(s.applied_copies_id.as_deref(), Some("eff-2"));
+        let plain = Outcome {
+            applied_base_id: Some("eff-2".into()),
+            ..o
+        };
+        let s = compute(None, &plain, Time(Timestamp::from_second(1).unwrap()));
+        assert_eq!(s.applied_deployment_id.as_deref(), Some("eff-2"));
+        assert_eq!(s.applied_copies_id, None);
     }
 }
