@@ -271,6 +271,27 @@ fn a_secret_copy_keeps_data_and_copied_metadata_only() {
     );
     assert_eq!(body["metadata"]["annotations"][labels::COPY_OF], "ws/db");
     assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "bd-uid");
+    // The hub's signature verifies with its public key over exactly this entry and content,
+    // as the agent checks it (decision 0089-signed-copies).
+    let trusted = tender_types::signing::TrustedKeys::parse(&to.keys.public_keys).unwrap();
+    let content_hash = hash::secret_hash(&source);
+    let claim = tender_types::signing::CopyClaim {
+        cluster_namespace: "cns",
+        bundle_deployment: "app",
+        api_version: "v1",
+        kind: "Secret",
+        name: "db",
+        copy_name: &copy.copy_name,
+        content_hash: &content_hash,
+        signed_at: 0,
+    };
+    let signature = body["metadata"]["annotations"][labels::HUB_SIGNATURE].as_str();
+    assert_eq!(trusted.verify(&claim, signature), Ok(5));
+    let other = tender_types::signing::CopyClaim {
+        cluster_namespace: "other",
+        ..claim
+    };
+    assert!(trusted.verify(&other, signature).is_err());
 
     let recreate = copy_op(
         &SourceObject::Secret(source),
