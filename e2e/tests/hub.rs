@@ -286,7 +286,11 @@ async fn secret_copies_match(
             .options
             .downstream_resources
             .iter()
-            .any(|c| c.name == source && c.copy_name == copy_name && c.hash == hash);
+            .any(|c| c.name == source && c.copy_name == copy_name && c.hash.is_empty());
+        // The copy carries the hub's signature instead (decision 0089-signed-copies).
+        if !copy.annotations().contains_key(labels::HUB_SIGNATURE) {
+            return Ok(None);
+        }
         if !listed {
             return Ok(None);
         }
