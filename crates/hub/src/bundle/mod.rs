@@ -632,7 +632,7 @@ async fn publish_chain(ctx: &Ctx, cluster_ns: &str) -> Result<(), Error> {
 
 /// The `signedAt` of a copy written now: the time in milliseconds, and always after the live
 /// copy's, so an agent can refuse an older signed copy replayed (decision 0089-signed-copies).
-fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
+pub(crate) fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -216,7 +216,7 @@ pub(crate) struct CopyTarget<'a> {
 
 impl CopyTarget<'_> {
     /// The hub's signature over `copy` holding content `content_hash`.
-    fn signature(&self, copy: &DesiredCopy, content_hash: &str) -> String {
+    pub(crate) fn signature(&self, copy: &DesiredCopy, content_hash: &str) -> String {
         let api_version = if copy.source_kind.source_kind().is_some() {
             "v1"
         } else {

@@ -193,21 +193,44 @@ pub(crate) async fn write_rollback(
         &owned,
     ) {
         let live_copy = super::observe::live_copy(ctx, kind, &desired.namespace, &copy_name);
+        // The source this copy was made from, as the previous BundleDeployment lists it: the
+        // signature covers its identity (decision 0089-signed-copies).
+        let Some(entry) = spec
+            .options
+            .downstream_resources
+            .iter()
+            .find(|e| e.copy_name == copy_name)
+        else {
+            continue;
+        };
         let want = DesiredCopy {
             kind,
             source_kind: tender_types::copy::CopyableKind {
-                api_version: "v1".into(),
-                kind: kind.as_str().into(),
+                api_version: entry.api_version().to_string(),
+                kind: entry.kind.clone(),
             },
-            source: String::new(),
+            source: entry.name.clone(),
             copy_name: copy_name.clone(),
             bytes: 0,
             hash: content_hash,
         };
-        let CopyStep::Write { .. } = ops::copy_step(&want, live_copy.as_ref(), &uid, &ctx.keys())
-        else {
+        let keys = ctx.keys();
+        let CopyStep::Write { .. } = ops::copy_step(&want, live_copy.as_ref(), &uid, &keys) else {
             continue;
         };
+        // Signed anew, later than the live copy: an agent takes a rollback as it takes a
+        // rotation, and still refuses an old copy replayed by anyone else.
+        let to = ops::CopyTarget {
+            bundle_ns: &ns,
+            cluster_ns: &desired.namespace,
+            owner: &owner,
+            labels: &owned,
+            keys: &keys,
+            signed_at: super::next_signed_at(live_copy.as_ref()),
+        };
+        let mut body = body;
+        body["metadata"]["annotations"][labels::HUB_SIGNATURE] =
+            serde_json::Value::String(to.signature(&want, &want.hash));
         let op = Op::Apply(Apply {
             key: ops::copy_key(kind, &desired.namespace, &copy_name),
             body,
