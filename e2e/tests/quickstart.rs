@@ -319,6 +319,13 @@ async fn the_readme_quick_start_works_on_real_clusters() {
             ],
         )
         .await;
+    //    HUB_KEYS=$(kubectl -n tender-system get secret tender-hub-signing-keys \
+    //      -o jsonpath='{.data.public-keys}' | base64 -d)
+    let hub_keys = Api::<Secret>::namespaced(hub.clone(), "tender-system")
+        .get("tender-hub-signing-keys")
+        .await
+        .expect("the hub's signing-key Secret, created by its leader");
+    let hub_keys = String::from_utf8(hub_keys.data.unwrap()["public-keys"].0.clone()).unwrap();
     let agent_chart = shell
         .run(
             &helm,
@@ -342,6 +349,8 @@ async fn the_readme_quick_start_works_on_real_clusters() {
                 &format!("image.repository={REGISTRY}/tender-agent"),
                 "--set",
                 "bundleServiceAccount.namespaces={apps}",
+                "--set",
+                &format!("hubSigningKeys={hub_keys}"),
             ],
         )
         .await;
@@ -376,6 +385,20 @@ async fn the_readme_quick_start_works_on_real_clusters() {
         chart_deployment.data["spec"]["template"]["spec"]["containers"][0]["image"],
         agent_image.as_str()
     );
+    // Both install paths give the agent the hub's public keys, so it deploys signed copies.
+    let printed_keys = agent_deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.containers[0].env.as_ref())
+        .and_then(|env| env.iter().find(|e| e.name == "TENDER_HUB_SIGNING_KEYS"))
+        .and_then(|e| e.value.clone());
+    let chart_keys = chart_deployment.data["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .and_then(|env| env.iter().find(|e| e["name"] == "TENDER_HUB_SIGNING_KEYS"))
+        .and_then(|e| e["value"].as_str().map(str::to_string));
+    assert_eq!(printed_keys.as_deref(), Some(hub_keys.trim()));
+    assert_eq!(chart_keys.as_deref(), Some(hub_keys.trim()));
 
     // 3. kubectl apply -f examples/sources.yaml -f examples/bundle.yaml
     let examples = repo_root().join("examples");
