@@ -6,6 +6,8 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
+use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
 use tender_e2e::fixture::{Workspace, settled, stays};
@@ -76,15 +78,17 @@ async fn a_rollout_keeps_the_cluster_status_until_it_outlasts_the_rollout_delay(
 
     // A rotation the agent applies at once: no Cluster status write at all.
     let before = cluster_status_writes(&hub);
-    let deployed = ws.bds("east").get("app").await.unwrap().spec.deployment_id;
+    // A rotation changes the copy, not the BundleDeployment: the agent reports the copies it
+    // applied in `appliedCopiesID` (decision 0089-signed-copies).
+    let applied_copies = |bd: &tender_types::BundleDeployment| {
+        bd.status.as_ref().and_then(|s| s.applied_copies_id.clone())
+    };
+    let deployed = applied_copies(&ws.bds("east").get("app").await.unwrap());
     ws.source_secret("creds", &[("password", "v2")]).await;
     eventually("the rotation applied", Duration::from_secs(30), || async {
         let bd = ws.bds("east").get("app").await?;
-        let applied = bd.status.and_then(|s| s.applied_deployment_id);
-        Ok::<_, kube::Error>(
-            (bd.spec.deployment_id != deployed && applied == Some(bd.spec.deployment_id))
-                .then_some(()),
-        )
+        let now = applied_copies(&bd);
+        Ok::<_, kube::Error>((now.is_some() && now != deployed).then_some(()))
     })
     .await;
     stays(
@@ -103,14 +107,20 @@ async fn a_rollout_keeps_the_cluster_status_until_it_outlasts_the_rollout_delay(
     // The agent is away: the rollout waits on it. Past the summary delay the Cluster still
     // shows what was written (the old code wrote WaitApplied after 5 s) ...
     east.kill().await;
-    let deployed = ws.bds("east").get("app").await.unwrap().spec.deployment_id;
+    let bd = ws.bds("east").get("app").await.unwrap();
+    let copy_name = bd.spec.options.downstream_resources[0].copy_name.clone();
+    let copies: Api<Secret> = Api::namespaced(ws.hub.clone(), &bd.namespace().unwrap());
     ws.source_secret("creds", &[("password", "v3")]).await;
     eventually(
         "the hub to write the new version",
         Duration::from_secs(30),
         || async {
-            let bd = ws.bds("east").get("app").await?;
-            Ok::<_, kube::Error>((bd.spec.deployment_id != deployed).then_some(()))
+            let copy = copies.get(&copy_name).await?;
+            let v3 = copy
+                .data
+                .and_then(|d| d.get("password").map(|p| p.0 == b"v3"))
+                .unwrap_or(false);
+            Ok::<_, kube::Error>(v3.then_some(()))
         },
     )
     .await;

@@ -371,10 +371,14 @@ async fn the_agent_binary_renews_its_token_early_and_keeps_applying_after_revoca
         arg("--hub-kubeconfig-secret"),
         arg("tender-agent-hub"),
     ];
+    // The hub's public keys, as `tender cluster add` registers them: the agent deploys only
+    // copies the hub signed (decision 0089-signed-copies).
+    let hub_keys = tender_e2e::hub_harness::hub_signing_keys(&ws.hub, &ws.ns).await;
     let vars = [
         ("POD_NAMESPACE", agent_ns.as_str()),
         ("POD_NAME", "tender-agent-e2e"),
         ("EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM", "true"),
+        ("TENDER_HUB_SIGNING_KEYS", hub_keys.as_str()),
         ("RUST_LOG", "info"),
     ]
     .map(|(k, v)| (k.to_string(), v.to_string()));

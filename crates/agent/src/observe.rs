@@ -164,12 +164,31 @@ pub(crate) async fn observe(
         }
     }
     let hook_timeout = hook_timeout(bd);
+    // `rolloutOnCopyChange` hashes what each workload consumes: the content hash of each copy
+    // the agent verified, since the spec carries none (decision 0089-signed-copies). Only the
+    // manifests' plan reads these; the copies above were verified by their signatures.
+    let mut options = opts.clone();
+    if options.rollout_on_copy_change && !copy_feature_disabled {
+        let verified: std::collections::BTreeMap<String, String> = ctx
+            .copies
+            .hashes(&name, &options.downstream_resources)
+            .await
+            .into_iter()
+            .collect();
+        for entry in &mut options.downstream_resources {
+            if entry.hash.is_empty()
+                && let Some(hash) = verified.get(&entry.copy_name)
+            {
+                entry.hash = hash.clone();
+            }
+        }
+    }
     Ok(Observation {
         input: plan::Observed {
             pending,
             run: spec.deployment_id.clone(),
             owner: owner.clone(),
-            options: opts.clone(),
+            options,
             fan_out: fan_out.ok().flatten(),
             copies,
             manifests,
