@@ -368,6 +368,10 @@ async fn a_fleet_helmop_with_targets_templates_polling_and_compare_patches() {
         if version == "1.1.0" {
             // An HPA (another field manager) scales east's Deployment, then a new version
             // of the chart is published.
+            eventually("east's Deployment", LOOK, || async {
+                Ok::<_, kube::Error>(deployments[0].get_opt("web").await?.map(|_| ()))
+            })
+            .await;
             deployments[0]
                 .patch(
                     "web",
