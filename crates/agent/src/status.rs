@@ -64,7 +64,7 @@ fn short(id: &str) -> &str {
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
 /// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered or
 /// whose values the owner's policy does not let it read.
-const SPECIFIC_ERRORS: [&str; 16] = [
+const SPECIFIC_ERRORS: [&str; 17] = [
     reason::SERVICE_ACCOUNT_NOT_ALLOWED,
     reason::KIND_NOT_INSTALLED,
     reason::NAMESPACE_TERMINATING,
@@ -78,6 +78,7 @@ const SPECIFIC_ERRORS: [&str; 16] = [
     reason::RENDERED_TOO_LARGE,
     reason::CHART_REDIRECT_REFUSED,
     reason::CHART_SCHEMA_REFUSED,
+    reason::CHART_REPOSITORY_CA_INVALID,
     reason::VALUES_FROM_MISSING,
     reason::VALUES_INVALID,
     reason::READ_REFUSED_BY_POLICY,
