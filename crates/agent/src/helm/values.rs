@@ -450,6 +450,21 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_with_only_cacerts_means_no_credentials() {
+        let mut h = helm();
+        assert_eq!(cacerts(&h, "apps", &HashMap::new()), None);
+        h.helm_secret_name = Some("auth".into());
+        let found = HashMap::from([(src(true, "auth"), data(&[("cacerts", "PEM")]))]);
+        assert_eq!(credentials(&h, "apps", &found), Ok(None));
+        assert_eq!(cacerts(&h, "apps", &found), Some(&b"PEM"[..]));
+        let found = HashMap::from([(
+            src(true, "auth"),
+            data(&[("username", "u"), ("password", "p")]),
+        )]);
+        assert_eq!(cacerts(&h, "apps", &found), None);
+    }
+
+    #[test]
     fn a_docker_config_serves_an_oci_chart_by_host() {
         let mut h = helm();
         h.repo = None;
