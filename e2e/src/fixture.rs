@@ -146,6 +146,7 @@ impl Workspace {
             .await
             .unwrap();
         let mut config = AgentConfig::new(&self.ns, name);
+        config.hub_signing_keys = crate::hub_harness::hub_signing_keys(&self.hub, &self.ns).await;
         config.heartbeat_interval = Duration::from_secs(2);
         config.cluster_status_interval = Duration::from_secs(300);
         (kubeconfig, config)

@@ -33,8 +33,32 @@ pub fn hub_config(workspace: &str) -> HubConfig {
             identity: crate::unique_name("hub"),
         }),
         instance: format!("tender-hub-e2e-{workspace}"),
+        // The key Secret in the workspace: each test's hub has its own key.
+        signing: tender_hub::signing::SigningConfig {
+            namespace: workspace.to_string(),
+            ..Default::default()
+        },
         ..HubConfig::default()
     }
+}
+
+/// The public signing keys of the hub whose key Secret is in `namespace` (waits for the hub
+/// to create it): what an agent is registered with.
+pub async fn hub_signing_keys(hub: &kube::Client, namespace: &str) -> String {
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(hub.clone(), namespace);
+    let name = tender_types::names::HUB_SIGNING_KEY_SECRET;
+    for _ in 0..600 {
+        if let Ok(Some(s)) = api.get_opt(name).await
+            && let Some(k) = s
+                .data
+                .and_then(|d| d.get(tender_hub::signing::PUBLIC_KEYS_KEY).cloned())
+        {
+            return String::from_utf8_lossy(&k.0).into_owned();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the hub's signing key Secret {namespace}/{name} never appeared");
 }
 
 /// A hub running in this process.

@@ -1272,9 +1272,14 @@ async fn a_rotation_writes_the_copy_before_the_bundle_deployment_naming_it() {
                 seen.lock().unwrap().push(what);
             }
         }
-        let applied = status.and_then(|s| s.applied_deployment_id.as_deref());
-        let done = bd.spec.deployment_id != before.spec.deployment_id
-            && applied == Some(bd.spec.deployment_id.as_str());
+        // Signed copies (decision 0089-signed-copies): the BundleDeployment stays as it is and
+        // the agent reports the new copy in appliedCopiesID.
+        let applied = status.and_then(|s| s.applied_copies_id.as_deref());
+        let before_applied = before
+            .status
+            .as_ref()
+            .and_then(|s| s.applied_copies_id.as_deref());
+        let done = bd.spec == before.spec && applied.is_some() && applied != before_applied;
         Ok::<_, kube::Error>(done.then_some(bd))
     })
     .await;
@@ -1293,8 +1298,10 @@ async fn a_rotation_writes_the_copy_before_the_bundle_deployment_naming_it() {
     )
     .await;
     eprintln!(
-        "[{}] rotation: first hub write held {:?}; deployment {} applied, no condition False",
-        ws.ns, held[0], after.spec.deployment_id
+        "[{}] rotation: first hub write held {:?}; deployment {:?} applied, no condition False",
+        ws.ns,
+        held[0],
+        after.status.and_then(|s| s.applied_copies_id)
     );
 }
 

@@ -47,6 +47,10 @@ pub struct AgentConfig {
     pub bundle_service_account: Option<tender_types::service_account::ServiceAccountRef>,
     /// ServiceAccounts (`<namespace>/<name>`, or `*`) a Bundle may name in `spec.serviceAccount`.
     pub allowed_bundle_service_accounts: Vec<String>,
+    /// The hub's public signing keys this agent was registered with (base64, comma-separated;
+    /// decision 0089-signed-copies): a copy is deployed only if one of them, or a key the hub's
+    /// key chain endorses from them, signed it.
+    pub hub_signing_keys: String,
 }
 
 impl AgentConfig {
@@ -73,6 +77,7 @@ impl AgentConfig {
             chart_limits: ChartLimits::default(),
             bundle_service_account: None,
             allowed_bundle_service_accounts: Vec::new(),
+            hub_signing_keys: String::new(),
         }
     }
 }

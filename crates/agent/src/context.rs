@@ -1,7 +1,6 @@
 //! The one [`Context`] every reconcile shares: clients, caches, the two executors, metrics.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::channel::mpsc::UnboundedSender;
 use k8s_openapi::api::core::v1::Namespace;
@@ -49,9 +48,6 @@ pub(crate) struct Context {
     /// Retry delays of BundleDeployments whose last reconcile failed (the runtime's one
     /// per-object backoff, as the hub's controllers use).
     pub(crate) retries: tender_runtime::retry::Backoffs,
-    /// BundleDeployments (by name) whose hub copy is ahead of them, since when
-    /// (decision 0055-copy-ahead-grace).
-    pub(crate) copies_ahead: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Context {
@@ -108,7 +104,6 @@ impl Context {
             config,
             metrics,
             retries: tender_runtime::retry::Backoffs::default(),
-            copies_ahead: Mutex::new(HashMap::new()),
         }
     }
 

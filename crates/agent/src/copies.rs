@@ -1,6 +1,7 @@
 //! The copies on the hub: one reflector per kind over the cluster namespace (Secrets and
 //! ConfigMaps the hub copied there), each change mapped to the BundleDeployments that use it,
-//! and the look-up of a copy whose content matches what a BundleDeployment was planned with.
+//! and the look-up of a copy the agent trusts: signed by the hub for exactly that entry
+//! (decision 0089-signed-copies).
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -14,8 +15,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tender_runtime::reconcile::error_text;
+use tender_types::signing::{CopyClaim, KeyChain, Refusal, TrustedKeys};
 use tender_types::{
-    BundleDeployment, CopiedResource, ObjectRef, ObjectState, ObjectStatus, hash, labels,
+    BundleDeployment, CopiedResource, ObjectRef, ObjectState, ObjectStatus, hash, labels, names,
 };
 use tokio::task::JoinSet;
 
@@ -25,6 +27,8 @@ use crate::plan::{self, Owner, Planned};
 pub(crate) struct HubCopies {
     hub: Client,
     namespace: String,
+    /// The hub keys this agent was registered with (decision 0089-signed-copies).
+    registered: TrustedKeys,
     secrets: Store<Secret>,
     config_maps: Store<ConfigMap>,
 }
@@ -40,12 +44,17 @@ pub(crate) struct CopyFeeds {
 }
 
 /// Empty stores of the copies in `namespace` on the hub and the feeds that fill them.
-pub(crate) fn stores(hub: Client, namespace: &str) -> (HubCopies, CopyFeeds) {
+pub(crate) fn stores(
+    hub: Client,
+    namespace: &str,
+    registered: TrustedKeys,
+) -> (HubCopies, CopyFeeds) {
     let (secrets, secret_writer) = reflector::store::<Secret>();
     let (config_maps, config_map_writer) = reflector::store::<ConfigMap>();
     let copies = HubCopies {
         hub: hub.clone(),
         namespace: namespace.to_string(),
+        registered,
         secrets,
         config_maps,
     };
@@ -124,6 +133,13 @@ async fn feed<K>(
         }
         let name = obj.name_any();
         let ns = obj.namespace().unwrap_or_default();
+        if kind == "ConfigMap" && name == names::HUB_KEYS_CONFIG_MAP {
+            // The hub's key chain: a copy refused as signed by an unknown key may be trusted now.
+            for bd in bds.state() {
+                let _ = trigger.unbounded_send(KubeRef::new(&bd.name_any()).within(&ns));
+            }
+            continue;
+        }
         let mut owners: BTreeSet<String> = obj
             .owner_references()
             .iter()
@@ -160,34 +176,28 @@ fn carrier_hash(carrier: &Secret) -> String {
         .unwrap_or_default()
 }
 
+/// A copy on the hub the agent trusts: its object, content hash and `signedAt` (0: verified
+/// against a hash in the BundleDeployment spec, an older hub's).
+pub(crate) struct Verified<K> {
+    pub(crate) object: K,
+    pub(crate) hash: String,
+    pub(crate) signed_at: u64,
+}
+
 impl HubCopies {
-    /// Whether the hub's copy for `entry` is ahead of the BundleDeployment: its content no
-    /// longer hashes to `entry.hash` but to its own content-hash annotation, i.e. the hub wrote
-    /// a new version and the BundleDeployment naming it follows (copies are written first).
-    pub(crate) fn ahead(&self, entry: &CopiedResource) -> bool {
-        let secret = || {
-            self.secrets
-                .get(&KubeRef::new(&entry.copy_name).within(&self.namespace))
-        };
-        let (content, annotated) = if entry.is_carried() || entry.kind == "Secret" {
-            let Some(s) = secret() else { return false };
-            let content = if entry.is_carried() {
-                carrier_hash(&s)
-            } else {
-                hash::secret_hash(&s)
-            };
-            (content, s.annotations().get(labels::CONTENT_HASH).cloned())
-        } else if entry.kind == "ConfigMap" {
-            let key = KubeRef::new(&entry.copy_name).within(&self.namespace);
-            let Some(c) = self.config_maps.get(&key) else {
-                return false;
-            };
-            let content = hash::config_map_hash(&c);
-            (content, c.annotations().get(labels::CONTENT_HASH).cloned())
-        } else {
-            return false;
-        };
-        content != entry.hash && annotated.as_deref() == Some(content.as_str())
+    /// The keys trusted now: the registered ones and those the hub's key chain in this
+    /// namespace endorses from them.
+    fn trusted(&self) -> TrustedKeys {
+        let key = KubeRef::new(names::HUB_KEYS_CONFIG_MAP).within(&self.namespace);
+        let chain: Option<KeyChain> = self
+            .config_maps
+            .get(&key)
+            .and_then(|c| c.data.as_ref()?.get(names::HUB_KEYS_KEY).cloned())
+            .and_then(|json| serde_json::from_str(&json).ok());
+        match chain {
+            Some(chain) => self.registered.with_chain(&chain),
+            None => self.registered.clone(),
+        }
     }
 
     /// The Secret and ConfigMap stores (reverse sync reads its placeholders from them).
@@ -195,8 +205,35 @@ impl HubCopies {
         (self.secrets.clone(), self.config_maps.clone())
     }
 
-    /// The downstream object for copy `entry` in `copies_ns`, or why there is none yet
-    /// (Missing: the hub's copy is absent or behind; Error: a kind that cannot be copied).
+    /// The content hash of each copy of `bd` the agent trusts now, by copy name ("" for one it
+    /// does not): with `spec.deploymentID`, what this agent deploys (decision 0089-signed-copies).
+    pub(crate) async fn hashes(
+        &self,
+        bd: &str,
+        entries: &[CopiedResource],
+    ) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for entry in entries {
+            let hash = if entry.kind == "ConfigMap" && !entry.is_carried() {
+                self.verified(&self.config_maps, bd, entry, hash::config_map_hash)
+                    .await
+                    .map(|v| v.hash)
+            } else if entry.is_carried() {
+                self.verified(&self.secrets, bd, entry, carrier_hash)
+                    .await
+                    .map(|v| v.hash)
+            } else {
+                self.verified(&self.secrets, bd, entry, hash::secret_hash)
+                    .await
+                    .map(|v| v.hash)
+            };
+            out.push((entry.copy_name.clone(), hash.unwrap_or_default()));
+        }
+        out
+    }
+
+    /// The downstream object for copy `entry` in `copies_ns`, or why there is none (Missing: the
+    /// hub's copy is absent; Error: refused — its signature — or a kind that cannot be copied).
     pub(crate) async fn desired(
         &self,
         entry: &CopiedResource,
@@ -205,18 +242,20 @@ impl HubCopies {
         keep: bool,
     ) -> Planned {
         let key = ObjectRef::new("v1", &entry.kind, Some(copies_ns), &entry.name);
-        let missing = |msg: String| ObjectStatus::new(&key, ObjectState::Missing, Some(msg));
+        let failed = |f: Failure| f.status(&key);
         match entry.kind.as_str() {
             "Secret" => self
-                .verified(&self.secrets, entry, hash::secret_hash)
+                .verified(&self.secrets, &owner.name, entry, hash::secret_hash)
                 .await
-                .map(|c| plan::secret_copy(&c, entry, copies_ns, owner, keep))
-                .map_err(missing),
+                .map(|c| plan::secret_copy(&c.object, entry, copies_ns, owner, keep, c.signed_at))
+                .map_err(failed),
             "ConfigMap" => self
-                .verified(&self.config_maps, entry, hash::config_map_hash)
+                .verified(&self.config_maps, &owner.name, entry, hash::config_map_hash)
                 .await
-                .map(|c| plan::config_map_copy(&c, entry, copies_ns, owner, keep))
-                .map_err(missing),
+                .map(|c| {
+                    plan::config_map_copy(&c.object, entry, copies_ns, owner, keep, c.signed_at)
+                })
+                .map_err(failed),
             other => Err(ObjectStatus::new(
                 &key,
                 ObjectState::Error,
@@ -227,53 +266,113 @@ impl HubCopies {
         }
     }
 
-    /// The object carried by carrier `entry` (any kind but a Secret/ConfigMap), verified: the
-    /// hash of the carried content equals `entry.hash` from the BundleDeployment spec.
+    /// The object carried by carrier `entry` (any kind but a Secret/ConfigMap), verified, and
+    /// its `signedAt`.
     pub(crate) async fn carried(
         &self,
+        bd: &str,
         entry: &CopiedResource,
-    ) -> Result<serde_json::Value, String> {
-        let carrier = self.verified(&self.secrets, entry, carrier_hash).await?;
-        carried_object(&carrier)
-            .ok_or_else(|| format!("carrier {} holds no object", entry.copy_name))
+    ) -> Result<(serde_json::Value, u64), Failure> {
+        let carrier = self
+            .verified(&self.secrets, bd, entry, carrier_hash)
+            .await?;
+        carried_object(&carrier.object)
+            .map(|o| (o, carrier.signed_at))
+            .ok_or_else(|| Failure::Missing(format!("carrier {} holds no object", entry.copy_name)))
     }
 
-    /// The copy on the hub whose content hashes to `entry.hash` (which only the hub writes, in
-    /// the BundleDeployment spec): from the watch cache, else fetched. Content is verified, not
-    /// the annotation, so a copy edited on the hub by anyone else is never deployed.
+    /// The copy on the hub for `entry` of BundleDeployment `bd`, if the agent trusts it: its
+    /// content hashes to what the hub signed for exactly this entry, with a key the agent
+    /// trusts (or, from an older hub, to the hash in the BundleDeployment spec). From the watch
+    /// cache, else fetched. The content is hashed, never the annotation read, so a copy edited
+    /// on the hub by anyone else is never deployed.
     async fn verified<K>(
         &self,
         store: &Store<K>,
+        bd: &str,
         entry: &CopiedResource,
         content_hash: fn(&K) -> String,
-    ) -> Result<K, String>
+    ) -> Result<Verified<K>, Failure>
     where
         K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
             + Clone
             + DeserializeOwned
             + Debug,
     {
-        let matches = |k: &K| content_hash(k) == entry.hash;
+        let check = |k: &K| -> Result<Verified<K>, Failure> {
+            let hash = content_hash(k);
+            if !entry.hash.is_empty() {
+                return if hash == entry.hash {
+                    Ok(Verified {
+                        object: k.clone(),
+                        hash,
+                        signed_at: 0,
+                    })
+                } else {
+                    Err(Failure::Missing(format!(
+                        "copy {} on the hub does not match this deployment yet",
+                        entry.copy_name
+                    )))
+                };
+            }
+            let claim = CopyClaim {
+                cluster_namespace: &self.namespace,
+                bundle_deployment: bd,
+                api_version: entry.api_version(),
+                kind: &entry.kind,
+                name: &entry.name,
+                copy_name: &entry.copy_name,
+                content_hash: &hash,
+                signed_at: 0,
+            };
+            let signature = k.annotations().get(labels::HUB_SIGNATURE);
+            let signed_at = self
+                .trusted()
+                .verify(&claim, signature.map(String::as_str))
+                .map_err(Failure::Refused)?;
+            Ok(Verified {
+                object: k.clone(),
+                hash,
+                signed_at,
+            })
+        };
         let key = KubeRef::<K>::new(&entry.copy_name).within(&self.namespace);
-        if let Some(cached) = store.get(&key).filter(|k| matches(k)) {
-            return Ok((*cached).clone());
+        let cached = store.get(&key).map(|k| check(&k));
+        if let Some(Ok(v)) = cached {
+            return Ok(v);
         }
+        // The cache may be behind: read the copy itself before refusing it.
         let api: Api<K> = Api::namespaced(self.hub.clone(), &self.namespace);
         match api.get_opt(&entry.copy_name).await {
-            Ok(Some(k)) if matches(&k) => Ok(k),
-            Ok(Some(_)) => Err(format!(
-                "copy {} on the hub does not match this deployment yet",
-                entry.copy_name
-            )),
-            Ok(None) => Err(format!(
+            Ok(Some(k)) => check(&k),
+            Ok(None) => Err(Failure::Missing(format!(
                 "copy {} not found in the cluster namespace on the hub",
                 entry.copy_name
-            )),
-            Err(e) => Err(format!(
+            ))),
+            Err(e) => Err(Failure::Missing(format!(
                 "cannot read copy {} on the hub: {}",
                 entry.copy_name,
                 error_text(&e, entry.kind == "Secret")
-            )),
+            ))),
+        }
+    }
+}
+
+/// Why a copy is not deployed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// Not there (yet), or not readable.
+    Missing(String),
+    /// There, and not trusted: its signature ([`tender_types::signing::Refusal`]).
+    Refused(Refusal),
+}
+
+impl Failure {
+    /// The copy's status: Missing, or Error with the refusal's reason first (`<Reason>: ...`).
+    pub(crate) fn status(self, key: &ObjectRef) -> ObjectStatus {
+        match self {
+            Self::Missing(msg) => ObjectStatus::new(key, ObjectState::Missing, Some(msg)),
+            Self::Refused(r) => ObjectStatus::new(key, ObjectState::Error, Some(r.to_string())),
         }
     }
 }

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use tender_types::{
-    BundleDeployment, BundleDeploymentOptions, ObjectRef, ObjectState, ObjectStatus, namespaces,
-};
+use tender_types::{BundleDeployment, ObjectRef, ObjectState, ObjectStatus, namespaces};
 
 use crate::context::Context;
 use crate::execute::{Executed, Run};
@@ -22,23 +20,31 @@ const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 const COPY_WAIT: Duration = Duration::from_secs(2);
 /// A running hook's Job or Pod wakes the deployment when it changes; this is the fallback.
 const HOOK_POLL: Duration = Duration::from_secs(5);
-/// How long a hub copy ahead of its BundleDeployment waits for the new BundleDeployment
-/// before the deployment reports the copy as not matching (decision 0055-copy-ahead-grace).
-const COPY_AHEAD_GRACE: Duration = Duration::from_secs(10);
 
 /// Observe → plan → execute → report for `bd`; the action says when to look again.
 pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
     let name = bd.name_any();
     let owner = Owner::new(&ctx.config.cluster_namespace, &name);
+    // What is deployed is the spec together with the copies the agent trusts now: a rotation
+    // (a new signed copy) redeploys without a BundleDeployment write (decision
+    // 0089-signed-copies). From here on `spec.deploymentID` is that effective id.
+    let base_id = bd.spec.deployment_id.clone();
+    let effective = effective(ctx, bd, &name).await;
+    let bd = &effective;
     let spec = &bd.spec;
     let opts = &spec.options;
     let prev = bd.status.as_ref();
-    let prev_applied = prev.and_then(|s| s.applied_deployment_id.clone());
+    let prev_applied = prev.and_then(|s| {
+        s.applied_copies_id
+            .clone()
+            .or_else(|| s.applied_deployment_id.clone())
+    });
     let pending = prev_applied.as_deref() != Some(spec.deployment_id.as_str());
     let mut outcome = Outcome {
         deployment_id: spec.deployment_id.clone(),
         generation: bd.metadata.generation,
         applied_id: prev_applied,
+        applied_base_id: prev.and_then(|s| s.applied_deployment_id.clone()),
         ..Default::default()
     };
     if spec.paused && pending {
@@ -46,13 +52,6 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         outcome.manifests = prev.map(|p| p.resources.clone()).unwrap_or_default();
         report::report(ctx, bd, &outcome).await?;
         return Ok(Action::await_change());
-    }
-
-    // A rotation writes the copy before the BundleDeployment, so the copy's event often comes
-    // first: wait for the BundleDeployment rather than report the copy Missing and then Ready
-    // again (a status write, its reversal and an event per rotation).
-    if waits_for_rotation(ctx, &name, pending, opts) {
-        return Ok(Action::requeue(COPY_WAIT));
     }
 
     // Who this deployment is written as: refused outright when it names a ServiceAccount the
@@ -149,6 +148,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         if pending {
             applied_now = true;
             outcome.applied_id = Some(spec.deployment_id.clone());
+            outcome.applied_base_id = Some(base_id.clone());
             ctx.metrics.deployed();
             tracing::info!(bundle_deployment = %name, deployment_id = %spec.deployment_id, "deployment applied");
         }
@@ -222,31 +222,20 @@ fn refused_identity(
     }
 }
 
-/// Whether deployment `name`, applied as it is, should leave everything alone for now because
-/// a hub copy is ahead of it (its new BundleDeployment is on its way), for at most
-/// [`COPY_AHEAD_GRACE`]; after that it reports the copy like any other mismatch.
-fn waits_for_rotation(
-    ctx: &Context,
-    name: &str,
-    pending: bool,
-    opts: &BundleDeploymentOptions,
-) -> bool {
-    let mut ahead = ctx.copies_ahead.lock().expect("lock");
-    let copying = ctx.config.copy_resources_downstream;
-    if pending
-        || !copying
-        || !opts
-            .downstream_resources
-            .iter()
-            .any(|e| ctx.copies.ahead(e))
-    {
-        ahead.remove(name);
-        return false;
+/// `bd` with `spec.deploymentID` replaced by the effective id: the spec's id and the content
+/// hash of each copy the agent trusts now ("" for one it does not, so that a refused copy
+/// never counts as applied). Without copies (or with copying off) it is the spec's.
+async fn effective(ctx: &Context, bd: &BundleDeployment, name: &str) -> BundleDeployment {
+    let mut bd = bd.clone();
+    let entries = &bd.spec.options.downstream_resources;
+    if ctx.config.copy_resources_downstream && !entries.is_empty() {
+        let hashes = ctx.copies.hashes(name, entries).await;
+        bd.spec.deployment_id = tender_types::hash::effective_deployment_id(
+            &bd.spec.deployment_id,
+            hashes.iter().map(|(c, h)| (c.as_str(), h.as_str())),
+        );
     }
-    let since = *ahead
-        .entry(name.to_string())
-        .or_insert_with(std::time::Instant::now);
-    since.elapsed() < COPY_AHEAD_GRACE
+    bd
 }
 
 /// When to reconcile again: on change only, unless a copy is still missing on the hub (soon)

@@ -115,6 +115,11 @@ struct Args {
         value_delimiter = ','
     )]
     allow_bundle_service_accounts: Vec<String>,
+    /// The hub's public signing keys (base64, comma-separated; `public-keys` of the hub's key
+    /// Secret, put here by `tender cluster add`): a copy is deployed only if one of them, or a
+    /// key the hub's key chain endorses from them, signed it (else HubKeyUnknown).
+    #[arg(long, env = "TENDER_HUB_SIGNING_KEYS", default_value = "")]
+    hub_signing_keys: String,
 }
 
 #[tokio::main]
@@ -157,6 +162,7 @@ async fn main() -> anyhow::Result<()> {
 
     config.bundle_service_account = args.bundle_service_account;
     config.allowed_bundle_service_accounts = non_empty(args.allow_bundle_service_accounts);
+    config.hub_signing_keys = args.hub_signing_keys;
     for entry in &config.allowed_bundle_service_accounts {
         if entry != tender_types::service_account::ANY {
             tender_types::service_account::ServiceAccountRef::parse(entry)

@@ -289,23 +289,28 @@ async fn plan_carried(
         }
     };
     ctx.drift.ensure_for(&resource, &owner.name);
-    let object = match ctx.copies.carried(entry).await {
-        Ok(object) => object,
-        Err(msg) => {
-            return vec![Err(ObjectStatus::new(
-                &key,
-                ObjectState::Missing,
-                Some(msg),
-            ))];
-        }
+    let (object, signed_at) = match ctx.copies.carried(&owner.name, entry).await {
+        Ok(found) => found,
+        Err(failure) => return vec![Err(failure.status(&key))],
     };
     if namespaced {
         copy_namespaces
             .iter()
-            .map(|ns| Ok(plan::carried_copy(&object, entry, Some(ns), owner, keep)))
+            .map(|ns| {
+                Ok(plan::carried_copy(
+                    &object,
+                    entry,
+                    Some(ns),
+                    owner,
+                    keep,
+                    signed_at,
+                ))
+            })
             .collect()
     } else {
-        vec![Ok(plan::carried_copy(&object, entry, None, owner, keep))]
+        vec![Ok(plan::carried_copy(
+            &object, entry, None, owner, keep, signed_at,
+        ))]
     }
 }
 

@@ -33,7 +33,14 @@ pub(crate) async fn run(
 ) -> Result<()> {
     let ns = config.cluster_namespace.clone();
     let (trigger, triggers) = mpsc::unbounded::<KubeRef<BundleDeployment>>();
-    let (hub_copies, mut copy_feeds) = copies::stores(hub.clone(), &ns);
+    let registered = tender_types::signing::TrustedKeys::parse(&config.hub_signing_keys)
+        .map_err(|e| Error::Config(format!("--hub-signing-keys: {e}")))?;
+    if registered.is_empty() {
+        tracing::warn!(
+            "no hub signing key configured (--hub-signing-keys): every copy will be refused (HubKeyUnknown)"
+        );
+    }
+    let (hub_copies, mut copy_feeds) = copies::stores(hub.clone(), &ns, registered);
     let (upstream_ping, upstream_pings) = mpsc::unbounded::<()>();
     copy_feeds.upstream = Some(upstream_ping.clone());
     let upstream_clients = (hub.clone(), downstream.clone());

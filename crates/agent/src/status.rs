@@ -19,8 +19,12 @@ pub struct Outcome {
     pub deployment_id: String,
     /// `metadata.generation`.
     pub generation: Option<i64>,
-    /// The deploymentID now completely applied (the new one on success, else the previous).
+    /// The deploymentID now completely applied (the new one on success, else the previous);
+    /// with copies, the effective id (`tender_types::hash::effective_deployment_id`).
     pub applied_id: Option<String>,
+    /// The `spec.deploymentID` `applied_id` was applied from, when that differs (copies):
+    /// written as `appliedDeploymentID`, `applied_id` as `appliedCopiesID`.
+    pub applied_base_id: Option<String>,
     /// Per-copy state, in `downstreamResources` order.
     pub copies: Vec<ObjectStatus>,
     /// Per-manifest state, in `resources` order.
@@ -64,7 +68,10 @@ fn short(id: &str) -> &str {
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
 /// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered or
 /// whose values the owner's policy does not let it read.
-const SPECIFIC_ERRORS: [&str; 17] = [
+const SPECIFIC_ERRORS: [&str; 20] = [
+    reason::COPY_SIGNATURE_INVALID,
+    reason::HUB_KEY_UNKNOWN,
+    reason::COPY_REPLAYED,
     reason::SERVICE_ACCOUNT_NOT_ALLOWED,
     reason::KIND_NOT_INSTALLED,
     reason::NAMESPACE_TERMINATING,
@@ -208,7 +215,12 @@ pub fn compute(
                 restored.join(", ")
             ));
         } else if let Some(c) = prev
-            .filter(|p| p.applied_deployment_id == o.applied_id)
+            .filter(|p| {
+                p.applied_copies_id
+                    .as_ref()
+                    .or(p.applied_deployment_id.as_ref())
+                    == o.applied_id.as_ref()
+            })
             .and_then(|p| find_condition(&p.conditions, TYPE_DEPLOYED))
             .filter(|c| c.reason == reason::DEPLOYED)
         {
@@ -300,8 +312,15 @@ pub fn compute(
             .map(ObjectStatus::object)
             .collect()
     };
+    let (applied_deployment_id, applied_copies_id) = match &o.applied_base_id {
+        Some(base) if o.applied_id.as_ref().is_some_and(|a| a != base) => {
+            (Some(base.clone()), o.applied_id.clone())
+        }
+        _ => (o.applied_id.clone(), None),
+    };
     BundleDeploymentStatus {
-        applied_deployment_id: o.applied_id.clone(),
+        applied_deployment_id,
+        applied_copies_id,
         observed_generation: generation,
         conditions,
         modified: if applied {
@@ -600,5 +619,25 @@ mod tests {
         let r = find_condition(&s.conditions, TYPE_READY).unwrap();
         assert_eq!(r.reason, reason::NOT_READY);
         assert!(r.message.contains("0/1 replicas"));
+    }
+
+    #[test]
+    fn with_copies_the_effective_id_is_reported_apart_from_the_spec_id() {
+        let o = Outcome {
+            deployment_id: "eff-2".into(),
+            applied_id: Some("eff-2".into()),
+            applied_base_id: Some("id-1".into()),
+            ..Default::default()
+        };
+        let s = compute(None, &o, Time(Timestamp::from_second(1).unwrap()));
+        assert_eq!(s.applied_deployment_id.as_deref(), Some("id-1"));
+        assert_eq!(s.applied_copies_id.as_deref(), Some("eff-2"));
+        let plain = Outcome {
+            applied_base_id: Some("eff-2".into()),
+            ..o
+        };
+        let s = compute(None, &plain, Time(Timestamp::from_second(1).unwrap()));
+        assert_eq!(s.applied_deployment_id.as_deref(), Some("eff-2"));
+        assert_eq!(s.applied_copies_id, None);
     }
 }

@@ -34,7 +34,7 @@ pub struct Args {
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
     /// Register a downstream cluster on the hub and print (or apply) its agent's install manifests.
-    Add(AddArgs),
+    Add(Box<AddArgs>),
 }
 
 /// Arguments of `tender cluster add`.
@@ -95,6 +95,16 @@ pub struct AddArgs {
     /// do anything on it. Off by default.
     #[arg(long, env = "TENDER_BUNDLE_CLUSTER_ADMIN")]
     pub bundle_cluster_admin: bool,
+    /// The hub's public signing keys the agent verifies copies with (base64, comma-separated);
+    /// default: read from the hub's key Secret (`--hub-signing-key-secret` in `--hub-namespace`).
+    #[arg(long, env = "TENDER_HUB_SIGNING_KEYS")]
+    pub hub_signing_keys: Option<String>,
+    /// Namespace of the hub (where its signing key Secret is).
+    #[arg(long, env = "TENDER_HUB_NAMESPACE", default_value = "tender-system")]
+    pub hub_namespace: String,
+    /// Name of the hub's signing key Secret (the hub's `--signing-key-secret`).
+    #[arg(long, env = "TENDER_SIGNING_KEY_SECRET", default_value = tender_types::names::HUB_SIGNING_KEY_SECRET)]
+    pub hub_signing_key_secret: String,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -246,6 +256,7 @@ pub fn agent_manifests(
     image: &str,
     hub_kubeconfig: &str,
     access: &BundleAccess,
+    hub_signing_keys: &str,
 ) -> Vec<serde_json::Value> {
     let app = BTreeMap::from([
         (labels::APP_NAME, labels::AGENT_APP_NAME),
@@ -283,6 +294,7 @@ pub fn agent_manifests(
                          // The root filesystem is read-only: charts are cached in a volume.
                          "--chart-cache-dir=/var/cache/tender"],
                 "env": [{"name": tender_types::gate::COPY_RESOURCES_ENV, "value": "true"},
+                        {"name": "TENDER_HUB_SIGNING_KEYS", "value": hub_signing_keys},
                         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
                 "ports": [{"name": "metrics", "containerPort": 8080}],
@@ -306,7 +318,7 @@ pub fn agent_manifests(
 /// Runs `tender cluster ...`.
 pub async fn run(args: Args) -> Result<()> {
     match args.command {
-        Command::Add(a) => add(a).await,
+        Command::Add(a) => add(*a).await,
     }
 }
 
@@ -333,6 +345,10 @@ async fn add(a: AddArgs) -> Result<()> {
         }
     });
     let hub = tender_runtime::client::client_from_config(config, None, "tender-cli")?;
+    let signing_keys = match &a.hub_signing_keys {
+        Some(keys) => keys.clone(),
+        None => hub_signing_keys(&hub, &a.hub_namespace, &a.hub_signing_key_secret).await?,
+    };
     let cluster_labels: BTreeMap<String, String> = a.labels.iter().cloned().collect();
     let reg = register(
         &hub,
@@ -365,6 +381,7 @@ async fn add(a: AddArgs) -> Result<()> {
             namespaces: a.bundle_namespaces.clone(),
             cluster_admin: a.bundle_cluster_admin,
         },
+        &signing_keys,
     );
     if a.local {
         for line in apply_manifests(&hub, &manifests).await? {
@@ -384,6 +401,25 @@ async fn add(a: AddArgs) -> Result<()> {
         print!("---\n{}", serde_saphyr::to_string(&m)?);
     }
     Ok(())
+}
+
+/// The hub's public signing keys from its key Secret (`public-keys`): what the agent is
+/// registered with (decision 0089-signed-copies).
+async fn hub_signing_keys(hub: &kube::Client, namespace: &str, secret: &str) -> Result<String> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(hub.clone(), namespace);
+    let found = api
+        .get_opt(secret)
+        .await
+        .with_context(|| format!("reading the hub's signing key Secret {namespace}/{secret}"))?;
+    let keys = found
+        .and_then(|s| s.data?.get("public-keys").cloned())
+        .map(|k| String::from_utf8_lossy(&k.0).into_owned());
+    keys.with_context(|| {
+        format!(
+            "the hub's signing key Secret {namespace}/{secret} does not exist yet: start the hub first (it creates it), or pass --hub-signing-keys"
+        )
+    })
 }
 
 /// The hub's address from inside the hub cluster, for `--local`.
@@ -481,6 +517,7 @@ mod tests {
                 namespaces: vec!["default".into()],
                 cluster_admin: false,
             },
+            "k1",
         );
         let kinds: Vec<_> = ms.iter().map(|m| m["kind"].as_str().unwrap()).collect();
         assert_eq!(kinds, AGENT_KINDS);

@@ -50,6 +50,7 @@ impl AgentRunner {
         config.copy_resources_downstream = agent.copy_resources_downstream;
         config.heartbeat_interval = agent.heartbeat_interval;
         config.identity = agent.identity.clone();
+        config.hub_signing_keys = agent.hub_signing_keys.clone();
         config.chart_limits = self.chart_limits.clone();
         if let Some(dir) = &self.chart_cache_dir {
             config.chart_cache_dir = dir.clone();
@@ -93,6 +94,7 @@ mod tests {
             copy_resources_downstream: true,
             identity: "hub-0/push".into(),
             heartbeat_interval: Duration::from_secs(2),
+            hub_signing_keys: "k".into(),
         };
         let c = runner.agent_config(&agent);
         assert_eq!(c.cluster_name, "east");

@@ -43,6 +43,11 @@ struct Args {
     /// Name of the leader Lease [default: tender-hub, or tender-hub-<shard id> with --shard-id].
     #[arg(long, env = "TENDER_LEASE_NAME")]
     lease_name: Option<String>,
+    /// Secret in the hub's namespace (--lease-namespace) holding the key that signs every
+    /// copy; created by the leader if absent. Its `public-keys` are what agents are registered
+    /// with (tender cluster add --hub-signing-keys).
+    #[arg(long, env = "TENDER_SIGNING_KEY_SECRET", default_value = tender_types::names::HUB_SIGNING_KEY_SECRET)]
+    signing_key_secret: String,
     /// Serve only Clusters labelled tender.dev/shard=<id> (a lowercase DNS label, at most 48
     /// characters); without it, the Clusters without that label, and fold every shard's counts
     /// into Bundle status. Run exactly one replica set without a shard id.
@@ -146,6 +151,11 @@ async fn main() -> anyhow::Result<()> {
     let config = HubConfig {
         copy_resources_downstream: copy,
         workspace_namespaces: args.workspace_namespaces,
+        signing: tender_hub::signing::SigningConfig {
+            namespace: args.lease_namespace.clone(),
+            secret_name: args.signing_key_secret,
+        },
+        signing_key_poll: std::time::Duration::from_secs(10),
         leader_election: args.leader_election.then(|| LeaderConfig {
             namespace: args.lease_namespace,
             lease_name: args

@@ -138,6 +138,58 @@ pub(crate) struct Ctx {
     pub invalid_shards: Mutex<std::collections::HashSet<(String, String)>>,
     /// `pollingInterval`: the looks at chart repositories, one per interval per chart.
     pub poller: crate::helm_poll::Poller,
+    /// The hub's signing keys (decision 0089-signed-copies), swapped by a roll step.
+    pub keys: std::sync::RwLock<Arc<crate::signing::HubKeys>>,
+    /// Cluster namespace → hash of the key chain published there.
+    pub published_chains: Mutex<HashMap<String, String>>,
+}
+
+impl Ctx {
+    /// The signing keys in use.
+    pub(crate) fn keys(&self) -> Arc<crate::signing::HubKeys> {
+        self.keys.read().expect("keys").clone()
+    }
+
+    /// The `appliedDeploymentID` an agent reports once it has applied `bd` with the copies the
+    /// hub wrote for it: [`tender_types::hash::effective_deployment_id`] of its deploymentID
+    /// and the content hashes of its copies in the metadata caches.
+    pub(crate) fn expected_deployment_id(&self, bd: &tender_types::BundleDeployment) -> String {
+        let ns = bd.namespace().unwrap_or_default();
+        let entries = &bd.spec.options.downstream_resources;
+        let hashes: Vec<(String, String)> = entries
+            .iter()
+            .map(|e| {
+                let meta = if e.is_carried() || e.kind == "Secret" {
+                    let key = ObjectRef::new(&e.copy_name).within(&ns);
+                    self.stores
+                        .copy_secrets
+                        .get(&key)
+                        .map(|m| m.metadata.clone())
+                } else {
+                    let key = ObjectRef::new(&e.copy_name).within(&ns);
+                    self.stores
+                        .copy_config_maps
+                        .get(&key)
+                        .map(|m| m.metadata.clone())
+                };
+                let hash = if e.hash.is_empty() {
+                    meta.and_then(|m| {
+                        m.annotations?
+                            .get(tender_types::labels::CONTENT_HASH)
+                            .cloned()
+                    })
+                    .unwrap_or_default()
+                } else {
+                    e.hash.clone()
+                };
+                (e.copy_name.clone(), hash)
+            })
+            .collect();
+        tender_types::hash::effective_deployment_id(
+            &bd.spec.deployment_id,
+            hashes.iter().map(|(c, h)| (c.as_str(), h.as_str())),
+        )
+    }
 }
 
 /// (cluster ns, placeholder) → (resourceVersion judged, content hash or why refused).

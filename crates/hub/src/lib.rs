@@ -24,6 +24,7 @@ pub mod group;
 pub mod helm_poll;
 pub mod helmop;
 pub mod push;
+pub mod signing;
 mod slim;
 pub mod sources;
 mod summary;
@@ -96,6 +97,11 @@ pub struct HubConfig {
     /// Clusters without that label and folds every shard's entry into Bundle status
     /// (decision 0062-hub-shards). Checked by [`tender_types::labels::validate_shard_id`].
     pub shard_id: Option<String>,
+    /// Where the hub's signing key Secret is (`--signing-key-secret`, `--signing-key-namespace`;
+    /// decision 0089-signed-copies).
+    pub signing: signing::SigningConfig,
+    /// How often the key Secret is read again for a roll step.
+    pub signing_key_poll: Duration,
 }
 
 impl Default for HubConfig {
@@ -116,6 +122,8 @@ impl Default for HubConfig {
             cluster_summary_delay: DEFAULT_CLUSTER_SUMMARY_DELAY,
             cluster_rollout_summary_delay: DEFAULT_CLUSTER_ROLLOUT_SUMMARY_DELAY,
             shard_id: None,
+            signing: signing::SigningConfig::default(),
+            signing_key_poll: Duration::from_secs(10),
         }
     }
 }

@@ -16,14 +16,15 @@ const SPEC_HASH: &str = "tender.dev/cached-spec-hash";
 /// resourceVersion, labels, finalizers, deletion), the spec's `deploymentID`, `paused` and
 /// target namespaces, the status fields `status::classify` reads, and a hash of the whole
 /// spec as received, which `ops::deployment_step` compares with the desired one. The manifests,
-/// Helm options, copy list and the agent's per-object report are dropped.
+/// Helm options and the agent's per-object report are dropped.
 pub(crate) fn deployment(bd: &mut BundleDeployment) {
     let spec_hash = hash::spec_hash(&bd.spec);
     bd.metadata.managed_fields = None;
     bd.metadata.annotations = Some(BTreeMap::from([(SPEC_HASH.to_string(), spec_hash)]));
     bd.spec.resources = Vec::new();
     bd.spec.helm = None;
-    bd.spec.options.downstream_resources = Vec::new();
+    // The copy list stays (without hashes it is small): the expected appliedCopiesID is
+    // computed from it and the cached copies (decision 0089-signed-copies).
     if let Some(status) = bd.status.as_mut() {
         for c in &mut status.conditions {
             c.message = String::new();
@@ -62,7 +63,7 @@ pub(crate) fn copy(meta: &mut ObjectMeta) {
     }
     l.retain(|k, _| k == labels::BUNDLE_NAME || k == labels::BUNDLE_NAMESPACE);
     if let Some(a) = meta.annotations.as_mut() {
-        a.retain(|k, _| k == labels::CONTENT_HASH);
+        a.retain(|k, _| k == labels::CONTENT_HASH || k == labels::HUB_SIGNATURE);
     }
     meta.creation_timestamp = None;
     for o in meta.owner_references.iter_mut().flatten() {
@@ -240,7 +241,11 @@ mod tests {
             assert_eq!(cached.metadata.labels, bd.metadata.labels);
             assert_eq!(cached.metadata.uid, bd.metadata.uid);
             assert!(cached.spec.resources.is_empty());
-            assert!(cached.spec.options.downstream_resources.is_empty());
+            assert_eq!(
+                cached.spec.options.downstream_resources.len(),
+                1,
+                "the copy list stays"
+            );
             assert!(cached.status.iter().all(|s| s.resources.is_empty()));
         }
     }

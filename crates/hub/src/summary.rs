@@ -24,8 +24,17 @@ pub enum DeploymentState {
     Ready,
 }
 
-/// Classifies one BundleDeployment from its spec and the status its agent reported.
+/// Classifies one BundleDeployment from its spec and the status its agent reported, for a
+/// deployment without copies (its `appliedDeploymentID` is its `deploymentID`).
+#[cfg(test)]
 pub fn classify(bd: &BundleDeployment) -> DeploymentState {
+    classify_with(bd, &bd.spec.deployment_id)
+}
+
+/// Classifies one BundleDeployment: applied means `appliedDeploymentID` equals `expected`, the
+/// deploymentID together with the hashes of the copies the hub wrote for it
+/// (`Ctx::expected_deployment_id`, decision 0089-signed-copies).
+pub fn classify_with(bd: &BundleDeployment, expected: &str) -> DeploymentState {
     let Some(status) = &bd.status else {
         return DeploymentState::Pending;
     };
@@ -42,6 +51,9 @@ pub fn classify(bd: &BundleDeployment) -> DeploymentState {
             && matches!(
                 c.reason.as_str(),
                 reason::COPY_FAILED
+                    | reason::COPY_SIGNATURE_INVALID
+                    | reason::HUB_KEY_UNKNOWN
+                    | reason::COPY_REPLAYED
                     | reason::CONFLICT
                     | reason::KIND_NOT_INSTALLED
                     | reason::NAMESPACE_TERMINATING
@@ -58,7 +70,11 @@ pub fn classify(bd: &BundleDeployment) -> DeploymentState {
     if not_deployed || copy_failed || failing {
         return DeploymentState::ErrApplied;
     }
-    if status.applied_deployment_id.as_deref() != Some(bd.spec.deployment_id.as_str()) {
+    let applied = status
+        .applied_copies_id
+        .as_deref()
+        .or(status.applied_deployment_id.as_deref());
+    if applied != Some(expected) {
         return DeploymentState::WaitApplied;
     }
     if !status.modified.is_empty() {
@@ -71,11 +87,21 @@ pub fn classify(bd: &BundleDeployment) -> DeploymentState {
     }
 }
 
-/// Counts BundleDeployments by state; `desired` of them should exist, and those not present
-/// count as pending.
+/// [`summarize_with`] for deployments without copies.
+#[cfg(test)]
 pub fn summarize<'a>(
     desired: usize,
     bds: impl IntoIterator<Item = &'a BundleDeployment>,
+) -> BundleSummary {
+    summarize_with(desired, bds, |bd| bd.spec.deployment_id.clone())
+}
+
+/// Counts BundleDeployments by state ([`classify_with`] against `expected` of each); `desired`
+/// of them should exist, and those not present count as pending.
+pub fn summarize_with<'a>(
+    desired: usize,
+    bds: impl IntoIterator<Item = &'a BundleDeployment>,
+    expected: impl Fn(&BundleDeployment) -> String,
 ) -> BundleSummary {
     let mut s = BundleSummary {
         desired_ready: to_i32(desired),
@@ -84,7 +110,7 @@ pub fn summarize<'a>(
     let mut seen = 0;
     for bd in bds {
         seen += 1;
-        match classify(bd) {
+        match classify_with(bd, &expected(bd)) {
             DeploymentState::Pending => s.pending += 1,
             DeploymentState::WaitApplied => s.wait_applied += 1,
             DeploymentState::ErrApplied => s.err_applied += 1,

@@ -26,7 +26,7 @@ use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp, Sour
 use crate::bundle::depends;
 use crate::caches::{CacheEvents, Events};
 use crate::context::{Ctx, cluster_for_labels};
-use crate::summary::{DeploymentState, classify};
+use crate::summary::{DeploymentState, classify_with};
 
 /// The streams the controllers run on.
 pub(crate) struct ControllerInputs {
@@ -110,6 +110,7 @@ pub(crate) fn feeds(
     };
     let mut feeds = vec![
         bundle_feed(ctx.clone(), t.clone(), events.bundles),
+        key_feed(ctx.clone(), t.clone()),
         cluster_feed(ctx.clone(), t.clone(), events.clusters),
         group_feed(ctx.clone(), t.clone(), events.groups),
         helmop_feed(ctx.clone(), t.clone(), events.helmops),
@@ -433,7 +434,8 @@ fn bundle_deployment_feed(
         let state_changed = if deleted {
             states.remove(&r).is_some()
         } else {
-            states.insert(r, classify(bd)) != Some(classify(bd))
+            let state = classify_with(bd, &ctx.expected_deployment_id(bd));
+            states.insert(r, state) != Some(state)
         };
         if matches!(event, watcher::Event::InitApply(_)) {
             return;
@@ -645,6 +647,33 @@ fn meta_events<K: Clone + Send + 'static>(
             watcher::Event::InitDone => watcher::Event::InitDone,
         })
         .boxed()
+}
+
+/// The signing keys: the key Secret read again every `signing_key_poll` (a roll step asked
+/// for there is carried out); new keys are swapped in and every Bundle looks again, to publish
+/// the chain and sign anew what a retired key signed (decision 0089-signed-copies).
+fn key_feed(ctx: Arc<Ctx>, t: Triggers) -> BoxFuture<'static, ()> {
+    async move {
+        loop {
+            tokio::time::sleep(ctx.config.signing_key_poll).await;
+            match crate::signing::load_or_create(&ctx.client, &ctx.config.signing).await {
+                Ok(keys) => {
+                    let old = ctx.keys();
+                    let changed = old.active_id() != keys.active_id()
+                        || old.public_keys != keys.public_keys
+                        || old.chain != keys.chain
+                        || old.current_ids() != keys.current_ids();
+                    if changed {
+                        tracing::info!(active = %keys.active_id(), "signing keys changed");
+                        *ctx.keys.write().expect("keys") = Arc::new(keys);
+                        t.all_bundles();
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot read the signing key Secret"),
+            }
+        }
+    }
+    .boxed()
 }
 
 #[cfg(test)]

@@ -35,6 +35,8 @@ pub(crate) async fn run_controllers(
             .collect()
     };
     let discovered = crate::caches::discover(&client, &config.copyable_kinds).await;
+    // The leader's keys: created if absent before anything is signed.
+    let keys = Arc::new(crate::signing::load_or_create(&client, &config.signing).await?);
     let mut ready = Vec::new();
     let mut running = Vec::new();
     for scope in scopes {
@@ -45,6 +47,7 @@ pub(crate) async fn run_controllers(
             config.clone(),
             metrics.clone(),
             hub.clone(),
+            keys.clone(),
         );
         ready.push(synced);
         running.push(run);
@@ -76,6 +79,7 @@ fn scope_controllers(
     config: Arc<HubConfig>,
     metrics: Arc<Metrics>,
     hub: HubMetrics,
+    keys: Arc<crate::signing::HubKeys>,
 ) -> (
     BoxFuture<'static, Result<(), Error>>,
     BoxFuture<'static, ()>,
@@ -83,13 +87,14 @@ fn scope_controllers(
     let (stores, events) = caches(&scope, config.shard_id.as_deref(), &client, discovered);
     // Push tasks report state changes here; the Cluster controller writes them to status.
     let (push_tx, push_rx) = futures::channel::mpsc::unbounded();
-    let push = crate::push::Push::new(
+    let mut push = crate::push::Push::new(
         client.clone(),
         config.push.clone(),
         config.copy_resources_downstream,
         config.instance.clone(),
         push_tx,
     );
+    push.signing_keys = keys.public_keys.clone();
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -136,6 +141,8 @@ fn scope_controllers(
         shard_exec,
         invalid_shards: Mutex::default(),
         poller: crate::helm_poll::Poller::new(),
+        keys: std::sync::RwLock::new(keys),
+        published_chains: Mutex::default(),
     });
     let (feeds, inputs) = feeds(&ctx, events);
 

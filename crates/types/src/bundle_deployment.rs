@@ -104,7 +104,7 @@ impl std::fmt::Display for ObjectState {
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BundleDeploymentSpec {
-    /// Content hash of the manifests, the options and the copied sources; the agent deploys when it differs from status.appliedDeploymentID.
+    /// Content hash of the manifests and the options; the agent deploys when this together with its verified copies' content hashes differs from status.appliedDeploymentID.
     #[serde(rename = "deploymentID")]
     pub deployment_id: String,
 
@@ -196,7 +196,8 @@ pub struct CopiedResource {
     pub name: String,
     /// Name of the copy (or of the carrier Secret) in this BundleDeployment's namespace on the hub.
     pub copy_name: String,
-    /// Content hash of the source (see tender_types::hash); a change triggers a new deployment.
+    /// Unused since decision 0089-signed-copies (the copy's hub signature carries its content hash, so a rotation does not rewrite the BundleDeployment); an agent still accepts a copy whose content hashes to a value set here.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hash: String,
 }
 
@@ -216,13 +217,21 @@ impl CopiedResource {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BundleDeploymentStatus {
-    /// The spec.deploymentID the agent last deployed successfully.
+    /// The spec.deploymentID the agent last deployed successfully (with the copies in appliedCopiesID).
     #[serde(
         default,
         rename = "appliedDeploymentID",
         skip_serializing_if = "Option::is_none"
     )]
     pub applied_deployment_id: Option<String>,
+
+    /// With copies: the deployment the agent last applied including the content hashes of the copies it verified (tender_types::hash::effective_deployment_id); a rotation changes it without a new deploymentID. The hub computes the same from the copies it wrote.
+    #[serde(
+        default,
+        rename = "appliedCopiesID",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub applied_copies_id: Option<String>,
 
     /// metadata.generation of the BundleDeployment this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -144,6 +144,14 @@ pub mod reason {
     pub const CONFLICT: &str = "Conflict";
     /// Copying a Secret/ConfigMap failed.
     pub const COPY_FAILED: &str = "CopyFailed";
+    /// A copy on the hub whose hub signature is missing or does not verify (content, identity
+    /// or signature edited by someone other than the hub): nothing deployed from it.
+    pub const COPY_SIGNATURE_INVALID: &str = "CopySignatureInvalid";
+    /// A copy signed by a key the agent does not trust (not registered, not endorsed by the
+    /// hub's key chain): nothing deployed from it.
+    pub const HUB_KEY_UNKNOWN: &str = "HubKeyUnknown";
+    /// A validly signed copy older than the one already deployed from it (a replay): refused.
+    pub const COPY_REPLAYED: &str = "CopyReplayed";
     /// Applying a manifest failed.
     pub const APPLY_FAILED: &str = "ApplyFailed";
     /// Deployed objects are not ready yet.

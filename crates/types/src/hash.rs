@@ -123,6 +123,22 @@ pub fn deployment_id(resources: &[Manifest], options: &BundleDeploymentOptions) 
     value_hash(&json!({ "resources": manifests, "options": options }))
 }
 
+/// The deployment an agent applies: `spec.deploymentID` together with the content hash of each
+/// copy it verified (decision 0089-signed-copies). The hub writes no copy hash into the spec,
+/// so a rotation changes this and not the BundleDeployment; the agent reports it as
+/// `status.appliedDeploymentID`, and the hub computes the same from the copies it wrote.
+/// Without copies it is `deployment_id` itself.
+pub fn effective_deployment_id<'a>(
+    deployment_id: &str,
+    copies: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> String {
+    let copies: BTreeMap<&str, &str> = copies.into_iter().collect();
+    if copies.is_empty() {
+        return deployment_id.to_string();
+    }
+    value_hash(&json!({ "deploymentID": deployment_id, "copies": copies }))
+}
+
 /// Hash of a whole BundleDeployment spec, as the hub writes it: equal specs, equal hash. The
 /// hub's cache keeps this instead of the spec and the executor's memo knows a write by it.
 pub fn spec_hash(spec: &BundleDeploymentSpec) -> String {
@@ -305,6 +321,25 @@ mod tests {
         assert_ne!(id, deployment_id(&resources, &keep));
         assert_ne!(id, deployment_id(&[], &options));
         assert_ne!(manifests_hash(&resources), manifests_hash(&[]));
+    }
+
+    #[test]
+    fn effective_id_follows_copy_hashes_not_their_order() {
+        assert_eq!(effective_deployment_id("id", []), "id");
+        let a = effective_deployment_id("id", [("c1", "h1"), ("c2", "h2")]);
+        assert_eq!(
+            a,
+            effective_deployment_id("id", [("c2", "h2"), ("c1", "h1")])
+        );
+        assert_ne!(
+            a,
+            effective_deployment_id("id", [("c1", "h1b"), ("c2", "h2")])
+        );
+        assert_ne!(
+            a,
+            effective_deployment_id("id2", [("c1", "h1"), ("c2", "h2")])
+        );
+        assert_ne!(a, "id");
     }
 
     #[test]

@@ -58,6 +58,12 @@ pub const COPIES_HASH: &str = "tender.dev/copies-hash";
 pub const KEEP_RESOURCES: &str = "tender.dev/keep-resources";
 /// Annotation on copies: the source, `<namespace>/<name>` (the kind is the copy's own kind).
 pub const COPY_OF: &str = "tender.dev/copy-of";
+/// Annotation on a copy on the hub: the hub's signature over the copy's identity and content
+/// hash, `<keyId>.<signedAt>.<signature>` ([`crate::signing`]).
+pub const HUB_SIGNATURE: &str = "tender.dev/hub-signature";
+/// Annotation on a downstream copy: the `signedAt` of the hub copy it was deployed from (a
+/// replayed older signed copy is refused, [`crate::signing::not_replayed`]).
+pub const SIGNED_AT: &str = "tender.dev/signed-at";
 /// Label `"true"` on a carrier: a Secret in a cluster namespace on the hub that carries the
 /// serialized copy of an object of another kind (which must never come alive on the hub).
 pub const CARRIER: &str = "tender.dev/carrier";
@@ -249,6 +255,8 @@ mod tests {
             CONTENT_HASH,
             KEEP_RESOURCES,
             COPY_OF,
+            HUB_SIGNATURE,
+            SIGNED_AT,
             INVENTORY,
             UPSTREAM,
             UPSTREAM_BUNDLE,

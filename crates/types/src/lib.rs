@@ -24,6 +24,7 @@ pub mod namespaces;
 pub mod ownership;
 pub mod rollout;
 pub mod service_account;
+pub mod signing;
 pub mod targeting;
 pub mod template;
 pub mod upstream;

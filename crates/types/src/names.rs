@@ -172,6 +172,13 @@ pub const AGENT_TOKEN_SECRET: &str = "tender-agent-token";
 pub const AGENT_ROLE: &str = "tender-agent";
 /// Lease the agent renews in its cluster namespace as its heartbeat.
 pub const AGENT_LEASE: &str = "tender-agent";
+/// ConfigMap in each cluster namespace holding the hub's key chain
+/// ([`crate::signing::KeyChain`], JSON under [`HUB_KEYS_KEY`]).
+pub const HUB_KEYS_CONFIG_MAP: &str = "tender-hub-keys";
+/// The key of [`HUB_KEYS_CONFIG_MAP`]'s data holding the chain.
+pub const HUB_KEYS_KEY: &str = "chain.json";
+/// Default name of the Secret in the hub's namespace holding its signing keys.
+pub const HUB_SIGNING_KEY_SECRET: &str = "tender-hub-signing-keys";
 
 /// Name of the Role and RoleBinding in the workspace namespace that let one cluster's agent
 /// read its own Cluster and write its status: `tender-agent-<cluster>`, hashed when too long.

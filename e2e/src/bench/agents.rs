@@ -381,8 +381,10 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     .collect()
     .await;
     let mut agents: Vec<AgentHandle> = Vec::with_capacity(n);
+    let signing_keys = tender_e2e::hub_harness::hub_signing_keys(&admin, WORKSPACE).await;
     for (i, kc) in kubeconfigs.into_iter().enumerate() {
         let mut config = tender_agent::AgentConfig::new(WORKSPACE, &cluster_name(i));
+        config.hub_signing_keys = signing_keys.clone();
         config.agent_namespace = format!("tender-agent-{i:05}");
         agents.push(start_agent(&env, &kc?, &downstream_of(i), config).await?);
     }

@@ -5,8 +5,8 @@
 //! other; the baseline does the same, one fresh namespace standing in for each cluster
 //! namespace (created before the clock starts). Fan-out creates a 3 KB Secret, a 3 KB
 //! ConfigMap and a ConfigMap as large as one BundleDeployment's spec per namespace; rotation
-//! server-side applies a changed Secret and a changed BundleDeployment-sized ConfigMap per
-//! namespace (2N writes, like the hub).
+//! server-side applies a changed Secret per namespace (N writes, like the hub since decision
+//! 0089-signed-copies).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -129,24 +129,16 @@ pub async fn fan_out(admin: &Client, pids: &Pids, n: usize, bd_bytes: usize) -> 
     .await
 }
 
-/// Rotation baseline: per namespace, server-side apply the Secret with new data and the
-/// BundleDeployment-sized ConfigMap with a new body (2N applies).
-pub async fn rotation(admin: &Client, pids: &Pids, n: usize, bd_bytes: usize) -> Result<Baseline> {
-    measure(pids, n, 2, |ns| {
+/// Rotation baseline: per namespace, server-side apply the Secret with new data (N applies:
+/// what a plain copier writes, and since decision 0089-signed-copies what the hub writes).
+pub async fn rotation(admin: &Client, pids: &Pids, n: usize, _bd_bytes: usize) -> Result<Baseline> {
+    measure(pids, n, 1, |ns| {
         let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
-        let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
         async move {
             let pp = PatchParams::apply(FIELD_MANAGER).force();
             let mut s = secret(2);
             s.type_ = Some("Opaque".into());
             secrets.patch("creds", &pp, &Patch::Apply(&s)).await?;
-            config_maps
-                .patch(
-                    "deployment",
-                    &pp,
-                    &Patch::Apply(&deployment_stand_in(2, bd_bytes)),
-                )
-                .await?;
             Ok(())
         }
     })

@@ -39,75 +39,124 @@ fn wave_of(i: usize) -> usize {
     1 + i % WAVES
 }
 
-/// Plays every agent: a BundleDeployment whose deploymentID is not the applied one is marked
-/// applied and ready; a BundleDeployment naming copy hash `new` (once set) is timed.
+/// Plays every agent. A rotation writes a cluster's copies and not its BundleDeployment
+/// (decision 0089-signed-copies), so the player follows both: on any event in a cluster
+/// namespace it reads the BundleDeployment and the content hash of each copy it lists, and
+/// reports it applied (`appliedCopiesID`, as an agent would) and ready. A cluster whose `creds`
+/// copy holds hash `new` (once set) is timed: released when first seen, ready when reported.
 fn play_agents(
     admin: kube::Client,
     new_hash: Arc<Mutex<Option<String>>>,
     times: Arc<Mutex<Times>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let api: Api<BundleDeployment> = Api::all(admin.clone());
-        let config =
-            watcher::Config::default().labels(&format!("{}={WORKSPACE}", labels::WORKSPACE));
-        let mut events = watcher::watcher(api, config).default_backoff().boxed();
-        while let Some(event) = events.next().await {
-            let Ok(watcher::Event::Apply(bd) | watcher::Event::InitApply(bd)) = event else {
-                continue;
-            };
-            let cluster = bd
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(labels::CLUSTER).cloned())
-                .unwrap_or_default();
+        let selector = format!("{}={WORKSPACE}", labels::WORKSPACE);
+        let config = watcher::Config::default().labels(&selector);
+        let bd_events =
+            watcher::watcher(Api::<BundleDeployment>::all(admin.clone()), config.clone())
+                .default_backoff()
+                .map(|e| match e {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        o.metadata.namespace
+                    }
+                    _ => None,
+                });
+        let copy_events = watcher::watcher(
+            Api::<kube::core::PartialObjectMeta<Secret>>::all(admin.clone()),
+            config,
+        )
+        .default_backoff()
+        .map(|e| match e {
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o.metadata.namespace,
+            _ => None,
+        });
+        let mut touched = stream::select(bd_events.boxed(), copy_events.boxed());
+        while let Some(ns) = touched.next().await {
+            let Some(ns) = ns else { continue };
             let want = new_hash.lock().unwrap().clone();
-            if let Some(want) = &want
-                && super::lists_copy(&bd, "creds", want)
-            {
-                times
-                    .lock()
-                    .unwrap()
-                    .released
-                    .entry(cluster.clone())
-                    .or_insert_with(Instant::now);
-            }
-            let id = bd.spec.deployment_id.clone();
-            let applied = bd
-                .status
-                .as_ref()
-                .and_then(|s| s.applied_deployment_id.as_deref());
-            if applied == Some(id.as_str()) {
-                continue;
-            }
-            let now = k8s_openapi::jiff::Timestamp::now().to_string();
-            let cond = |t: &str| {
-                json!({"type": t, "status": "True", "reason": t, "message": "",
-                       "lastTransitionTime": now})
-            };
-            let body = json!({"status": {"appliedDeploymentID": id,
-                "conditions": [cond("Ready"), cond("Deployed"), cond("ResourcesCopied")]}});
-            let ns = bd.metadata.namespace.clone().unwrap_or_default();
-            let api: Api<BundleDeployment> = Api::namespaced(admin.clone(), &ns);
-            if api
-                .patch_status(
-                    &bd.metadata.name.clone().unwrap_or_default(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&body),
-                )
-                .await
-                .is_ok()
-                && want.is_some_and(|w| super::lists_copy(&bd, "creds", &w))
-            {
-                times
-                    .lock()
-                    .unwrap()
-                    .ready
-                    .entry(cluster)
-                    .or_insert_with(Instant::now);
-            }
+            let _ = play_one(&admin, &ns, want.as_deref(), &times).await;
         }
     })
+}
+
+/// One cluster namespace: see [`play_agents`].
+async fn play_one(
+    admin: &kube::Client,
+    ns: &str,
+    want: Option<&str>,
+    times: &Mutex<Times>,
+) -> Result<(), kube::Error> {
+    let bds: Api<BundleDeployment> = Api::namespaced(admin.clone(), ns);
+    let Some(bd) = bds.get_opt(BUNDLE).await? else {
+        return Ok(());
+    };
+    let cluster = bd
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::CLUSTER).cloned())
+        .unwrap_or_default();
+    let mut hashes = Vec::new();
+    let mut creds = None;
+    for entry in &bd.spec.options.downstream_resources {
+        let annotations = if entry.kind == "Secret" || entry.is_carried() {
+            Api::<Secret>::namespaced(admin.clone(), ns)
+                .get_metadata_opt(&entry.copy_name)
+                .await?
+                .map(|m| m.metadata.annotations)
+        } else {
+            Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(admin.clone(), ns)
+                .get_metadata_opt(&entry.copy_name)
+                .await?
+                .map(|m| m.metadata.annotations)
+        };
+        let Some(hash) = annotations
+            .flatten()
+            .and_then(|a| a.get(labels::CONTENT_HASH).cloned())
+        else {
+            return Ok(()); // a copy not written yet: an agent would wait too
+        };
+        if entry.name == "creds" {
+            creds = Some(hash.clone());
+        }
+        hashes.push((entry.copy_name.clone(), hash));
+    }
+    let rotated = want.is_some() && creds.as_deref() == want;
+    if rotated {
+        times
+            .lock()
+            .unwrap()
+            .released
+            .entry(cluster.clone())
+            .or_insert_with(Instant::now);
+    }
+    let id = bd.spec.deployment_id.clone();
+    let copies_id =
+        hash::effective_deployment_id(&id, hashes.iter().map(|(c, h)| (c.as_str(), h.as_str())));
+    let status = bd.status.as_ref();
+    if status.and_then(|s| s.applied_copies_id.as_deref()) == Some(copies_id.as_str())
+        && status.and_then(|s| s.applied_deployment_id.as_deref()) == Some(id.as_str())
+    {
+        return Ok(());
+    }
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let cond = |t: &str| {
+        json!({"type": t, "status": "True", "reason": t, "message": "",
+               "lastTransitionTime": now})
+    };
+    let body = json!({"status": {"appliedDeploymentID": id, "appliedCopiesID": copies_id,
+        "conditions": [cond("Ready"), cond("Deployed"), cond("ResourcesCopied")]}});
+    bds.patch_status(BUNDLE, &PatchParams::default(), &Patch::Merge(&body))
+        .await?;
+    if rotated {
+        times
+            .lock()
+            .unwrap()
+            .ready
+            .entry(cluster)
+            .or_insert_with(Instant::now);
+    }
+    Ok(())
 }
 
 async fn rollout_complete(admin: &kube::Client, timeout: Duration) -> Result<()> {

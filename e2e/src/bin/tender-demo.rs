@@ -319,6 +319,10 @@ async fn start_hub(
     let hub_config = tender_hub::HubConfig {
         copy_resources_downstream: true,
         workspace_namespaces: vec![WORKSPACE.to_string()],
+        signing: tender_hub::signing::SigningConfig {
+            namespace: WORKSPACE.to_string(),
+            ..Default::default()
+        },
         ..tender_hub::HubConfig::default()
     };
     Ok(tokio::spawn(async move {
@@ -358,8 +362,12 @@ async fn start_agent(
     )?;
     let health = Health::new();
     let server = tender_runtime::server::serve_on(listener, metrics.shared(), health.clone());
+    let signing_keys =
+        tender_e2e::hub_harness::hub_signing_keys(&env.client(tender_e2e::HUB).await?, WORKSPACE)
+            .await;
     let mut config = tender_agent::AgentConfig::new(WORKSPACE, cluster);
     config.helm_path = helm.to_path_buf();
+    config.hub_signing_keys = signing_keys;
     Ok(tokio::spawn(async move {
         let run = tender_agent::run(hub, down, config, metrics, health, std::future::pending());
         tokio::select! {

@@ -181,6 +181,7 @@ pub fn secret_copy(
     namespace: &str,
     owner: &Owner,
     keep: bool,
+    signed_at: u64,
 ) -> Desired {
     let mut body = json!({
         "apiVersion": "v1",
@@ -192,7 +193,15 @@ pub fn secret_copy(
     if let Some(data) = bytes_map(Some(&secret_data(copy))) {
         body["data"] = data;
     }
-    seal_copy(body, copy.immutable, entry, namespace, owner, keep)
+    seal_copy(
+        body,
+        copy.immutable,
+        entry,
+        namespace,
+        owner,
+        keep,
+        signed_at,
+    )
 }
 
 /// The downstream copy of a ConfigMap copy on the hub (see [`secret_copy`]).
@@ -202,6 +211,7 @@ pub fn config_map_copy(
     namespace: &str,
     owner: &Owner,
     keep: bool,
+    signed_at: u64,
 ) -> Desired {
     let mut body = json!({
         "apiVersion": "v1",
@@ -214,7 +224,23 @@ pub fn config_map_copy(
     if let Some(binary) = bytes_map(copy.binary_data.as_ref()) {
         body["binaryData"] = binary;
     }
-    seal_copy(body, copy.immutable, entry, namespace, owner, keep)
+    seal_copy(
+        body,
+        copy.immutable,
+        entry,
+        namespace,
+        owner,
+        keep,
+        signed_at,
+    )
+}
+
+/// Records on a downstream copy the `signedAt` of the hub copy it comes from (0: none), so
+/// an older signed copy replayed later is refused, after a restart too.
+fn record_signed_at(body: &mut Value, signed_at: u64) {
+    if signed_at > 0 {
+        body["metadata"]["annotations"][labels::SIGNED_AT] = Value::String(signed_at.to_string());
+    }
 }
 
 /// Finishes a copy's `body` (its `kind` set): the hub copy's immutability, then ownership.
@@ -225,7 +251,9 @@ fn seal_copy(
     namespace: &str,
     owner: &Owner,
     keep: bool,
+    signed_at: u64,
 ) -> Desired {
+    record_signed_at(&mut body, signed_at);
     if let Some(immutable) = immutable {
         body["immutable"] = Value::Bool(immutable);
     }
@@ -243,8 +271,10 @@ pub fn carried_copy(
     namespace: Option<&str>,
     owner: &Owner,
     keep: bool,
+    signed_at: u64,
 ) -> Desired {
     let mut body = tender_types::copy::carried_body(object);
+    record_signed_at(&mut body, signed_at);
     match namespace {
         Some(ns) => body["metadata"]["namespace"] = Value::String(ns.to_string()),
         None => {
@@ -515,7 +545,7 @@ mod fixtures {
     }
 
     pub(super) fn db_copy(secret: &Secret) -> Desired {
-        secret_copy(secret, &entry("Secret", "db"), "apps", &owner(), false)
+        secret_copy(secret, &entry("Secret", "db"), "apps", &owner(), false, 0)
     }
 }
 

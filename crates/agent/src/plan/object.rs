@@ -169,6 +169,19 @@ pub fn object_plan(
         Ok(adopt) => adopt,
         Err(msg) => return ObjectPlan::settled(ObjectState::Conflict, msg),
     };
+    // A copy signed before the one deployed here is an old copy replayed on the hub
+    // (decision 0089-signed-copies): refused, the deployed one stays.
+    let signed_at = |v: &Value| {
+        v["metadata"]["annotations"][labels::SIGNED_AT]
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok())
+    };
+    if let Some(at) = signed_at(&desired.body)
+        && let Err(refusal) =
+            tender_types::signing::not_replayed(&desired.key.name, at, signed_at(live))
+    {
+        return ObjectPlan::settled(ObjectState::Error, refusal.to_string());
+    }
     if !adopt && in_sync(desired, live) {
         let (state, message) = applied_state(Some(live));
         return ObjectPlan::Settled { state, message };

@@ -32,6 +32,7 @@ fn secret_copy_keeps_source_name_type_data_and_own_metadata() {
         "apps",
         &owner(),
         true,
+        0,
     );
     assert_eq!(
         kept.body["metadata"]["annotations"][labels::KEEP_RESOURCES],
@@ -47,7 +48,7 @@ fn copy_hash_follows_data_but_never_contains_it() {
         "password".into(),
         ByteString(b"n3w".to_vec()),
     )]));
-    let b = secret_copy(&rotated, &entry("Secret", "db"), "apps", &owner(), false);
+    let b = secret_copy(&rotated, &entry("Secret", "db"), "apps", &owner(), false, 0);
     assert_ne!(a.hash, b.hash);
     assert!(!a.hash.contains("czNjcmV0"));
 }
@@ -58,7 +59,7 @@ fn config_map_copy_keeps_data_and_binary_data_apart() {
         binary_data: Some(BTreeMap::from([("b".into(), ByteString(vec![0, 1]))])),
         ..Default::default()
     };
-    let d = config_map_copy(&cm, &entry("ConfigMap", "cfg"), "apps", &owner(), false);
+    let d = config_map_copy(&cm, &entry("ConfigMap", "cfg"), "apps", &owner(), false, 0);
     assert_eq!(d.body["data"]["k"], "v");
     assert_eq!(d.body["binaryData"]["b"], "AAE=");
     assert!(d.body.get("immutable").is_none());
@@ -146,6 +147,7 @@ fn strip_patch_removes_only_tender_keys() {
         "apps",
         &owner(),
         true,
+        0,
     );
     let labels: BTreeMap<String, String> =
         serde_json::from_value(d.body["metadata"]["labels"].clone()).unwrap();
@@ -214,6 +216,7 @@ fn db_copy_kept() -> ObjectMeta {
         "apps",
         &owner(),
         true,
+        0,
     );
     serde_json::from_value(d.body["metadata"].clone()).unwrap()
 }

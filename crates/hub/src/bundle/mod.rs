@@ -36,7 +36,7 @@ use tender_types::{Bundle, BundleDeployment, BundleStatus, hash, labels, names};
 
 use crate::Error;
 use crate::context::{Ctx, status_op};
-use crate::summary::summarize;
+use crate::summary::summarize_with;
 use observe::no_labels;
 use ops::{CopyStep, DeploymentStep, LiveCopy, SourceObject};
 use plan::{ClusterView, SourceKey};
@@ -300,7 +300,9 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                 .collect();
             upstream = crate::upstream::reconcile(ctx, bundle, &targeted).await?;
             facts.matched = plan.matched.len();
-            facts.summary = summarize(plan.matched.len(), current);
+            facts.summary = summarize_with(plan.matched.len(), current, |bd| {
+                ctx.expected_deployment_id(bd)
+            });
             facts.missing = plan.missing.into_iter().collect();
             facts.refused = plan.refused.into_iter().collect();
             facts.unsupported = plan.unsupported.into_iter().collect();
@@ -478,6 +480,9 @@ async fn write_cluster(
         shard,
     );
     drop(spec);
+    if !matches!(step, DeploymentStep::Hold) && !desired.copies.is_empty() {
+        publish_chain(ctx, &desired.namespace).await?;
+    }
     // The uid the copies were written with before the BundleDeployment, if they were.
     let mut copies_for = None;
     let uid = match step {
@@ -542,12 +547,15 @@ async fn write_copies(
     let owner = ops::copy_owner(&name, uid.to_string());
     let bd_labels = ops::owned_labels(&ns, &name, &desired.cluster, &desired.namespace, shard);
     let mut written = 0;
+    let keys = ctx.keys();
     for copy in &desired.copies {
         let live = observe::live_copy(ctx, copy.kind, &desired.namespace, &copy.copy_name);
-        let CopyStep::Write { replace } = ops::copy_step(copy, live.as_ref(), &owner.uid) else {
+        let CopyStep::Write { replace } = ops::copy_step(copy, live.as_ref(), &owner.uid, &keys)
+        else {
             ctx.hub.copies_skipped.inc();
             continue;
         };
+        let signed_at = next_signed_at(live.as_ref());
         let live_version = live.and_then(|m| m.resource_version);
         // Written a moment ago and the cache has not caught up: no write, and no source read.
         let copy_key = ops::copy_key(copy.kind, &desired.namespace, &copy.copy_name);
@@ -568,6 +576,8 @@ async fn write_copies(
             cluster_ns: &desired.namespace,
             owner: &owner,
             labels: &bd_labels,
+            keys: &keys,
+            signed_at,
         };
         let op = ops::copy_op(&source, copy, &to, live_version, replace);
         if ctx.exec.execute(op).await?.wrote {
@@ -578,6 +588,59 @@ async fn write_copies(
         }
     }
     Ok(written)
+}
+
+/// Publishes the hub's key chain in `cluster_ns` (ConfigMap `tender-hub-keys`) before any copy
+/// there is signed with a key it endorses; once per chain and namespace, and not at all
+/// before the first roll (an empty chain).
+async fn publish_chain(ctx: &Ctx, cluster_ns: &str) -> Result<(), Error> {
+    let keys = ctx.keys();
+    if keys.chain.links.is_empty() {
+        return Ok(());
+    }
+    let chain = serde_json::to_string(&keys.chain).expect("chain serializes");
+    let hash = tender_types::hash::sha256_hex(chain.as_bytes());
+    if ctx.published_chains.lock().expect("chains").get(cluster_ns) == Some(&hash) {
+        return Ok(());
+    }
+    let body = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": names::HUB_KEYS_CONFIG_MAP,
+            "namespace": cluster_ns,
+            "labels": { labels::MANAGED_BY: labels::MANAGED_BY_VALUE },
+        },
+        "data": { names::HUB_KEYS_KEY: chain },
+    });
+    let op = tender_runtime::executor::Op::Apply(tender_runtime::executor::Apply {
+        key: tender_runtime::executor::ObjectKey::of::<k8s_openapi::api::core::v1::ConfigMap>(
+            Some(cluster_ns),
+            names::HUB_KEYS_CONFIG_MAP,
+        ),
+        body,
+        replace_if_immutable: false,
+        fingerprint: None,
+    });
+    ctx.exec.execute(op).await?;
+    ctx.published_chains
+        .lock()
+        .expect("chains")
+        .insert(cluster_ns.to_string(), hash);
+    Ok(())
+}
+
+/// The `signedAt` of a copy written now: the time in milliseconds, and always after the live
+/// copy's, so an agent can refuse an older signed copy replayed (decision 0089-signed-copies).
+pub(crate) fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or_default();
+    let live = live
+        .and_then(|m| m.annotations.as_ref()?.get(labels::HUB_SIGNATURE).cloned())
+        .and_then(|s| tender_types::signing::signed_at_of(&s));
+    live.map_or(now, |l| now.max(l.saturating_add(1)))
 }
 
 /// Deletes every BundleDeployment of the Bundle; the agent's finalizer then cleans up

@@ -344,6 +344,9 @@ pub(crate) fn dependencies_gate(
     gate(plan, &resolution, |dependency, cluster_ns| {
         live_deployment(ctx, cluster_ns, &names::bundle_deployment_name(dependency))
             .filter(|bd| bd.metadata.deletion_timestamp.is_none())
-            .map(|bd| bundle_state(crate::summary::classify(&bd)))
+            .map(|bd| {
+                let expected = ctx.expected_deployment_id(&bd);
+                bundle_state(crate::summary::classify_with(&bd, &expected))
+            })
     })
 }

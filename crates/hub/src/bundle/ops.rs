@@ -15,7 +15,9 @@ use tender_types::{
 };
 
 use super::plan::{DesiredCopy, DesiredDeployment};
+use crate::signing::HubKeys;
 use crate::slim::edited_by_others;
+use tender_types::signing::CopyClaim;
 
 /// A source read in full for this reconcile (only when a copy must be written).
 #[derive(Clone)]
@@ -163,6 +165,7 @@ pub(crate) fn copy_step(
     copy: &DesiredCopy,
     live: Option<&ObjectMeta>,
     owner_uid: &str,
+    keys: &HubKeys,
 ) -> CopyStep {
     let Some(meta) = live else {
         return CopyStep::Write { replace: None };
@@ -182,7 +185,13 @@ pub(crate) fn copy_step(
         .iter()
         .flatten()
         .any(|o| o.uid == owner_uid);
-    if hash_current && owned {
+    // Signed with a key that is not retired (decision 0089-signed-copies).
+    let signed = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(labels::HUB_SIGNATURE))
+        .is_some_and(|s| keys.is_current(s));
+    if hash_current && owned && signed {
         CopyStep::Current
     } else {
         CopyStep::Write { replace: None }
@@ -199,6 +208,31 @@ pub(crate) struct CopyTarget<'a> {
     pub owner: &'a OwnerReference,
     /// [`owned_labels`] of that BundleDeployment.
     pub labels: &'a BTreeMap<String, String>,
+    /// The hub's keys: each copy is signed ([`tender_types::signing`]).
+    pub keys: &'a HubKeys,
+    /// The copy's `signedAt` (later than the live copy's).
+    pub signed_at: u64,
+}
+
+impl CopyTarget<'_> {
+    /// The hub's signature over `copy` holding content `content_hash`.
+    pub(crate) fn signature(&self, copy: &DesiredCopy, content_hash: &str) -> String {
+        let api_version = if copy.source_kind.source_kind().is_some() {
+            "v1"
+        } else {
+            copy.source_kind.api_version.as_str()
+        };
+        self.keys.sign(&CopyClaim {
+            cluster_namespace: self.cluster_ns,
+            bundle_deployment: &self.owner.name,
+            api_version,
+            kind: &copy.source_kind.kind,
+            name: &copy.source,
+            copy_name: &copy.copy_name,
+            content_hash,
+            signed_at: self.signed_at,
+        })
+    }
 }
 
 /// The operation writing `copy` of `source` to `to`; `live_version` is the cached copy's
@@ -216,6 +250,10 @@ pub(crate) fn copy_op(
         let mut labels = copy::copied_metadata(src.labels.as_ref());
         labels.extend(bd_labels.clone());
         let mut annotations = copy::copied_metadata(src.annotations.as_ref());
+        annotations.insert(
+            labels::HUB_SIGNATURE.into(),
+            to.signature(copy, &content_hash),
+        );
         annotations.insert(labels::CONTENT_HASH.into(), content_hash);
         annotations.insert(
             labels::COPY_OF.into(),
@@ -250,6 +288,10 @@ pub(crate) fn copy_op(
             let mut labels = bd_labels.clone();
             labels.insert(labels::CARRIER.into(), "true".into());
             let annotations = BTreeMap::from([
+                (
+                    labels::HUB_SIGNATURE.to_string(),
+                    to.signature(copy, &content_hash),
+                ),
                 (labels::CONTENT_HASH.to_string(), content_hash),
                 (
                     labels::COPY_OF.to_string(),

@@ -301,7 +301,9 @@ pub fn plan(
                 kind: c.source_kind.kind.clone(),
                 name: c.source.clone(),
                 copy_name: c.copy_name.clone(),
-                hash: c.hash.clone(),
+                // Not in the spec: the copy's signature carries it, so a rotation leaves the
+                // BundleDeployment alone (decision 0089-signed-copies).
+                hash: String::new(),
             })
             .collect();
         downstream.sort();

@@ -18,7 +18,7 @@ use super::revisions;
 use super::rollout::{self, ClusterRollout, Decision, Gate};
 use crate::Error;
 use crate::context::Ctx;
-use crate::summary::classify;
+use crate::summary::classify_with;
 
 /// What the reconcile needs of the gate.
 pub(crate) struct Waves {
@@ -64,22 +64,34 @@ pub(crate) async fn gate(
                 .by_ns
                 .get(&d.namespace)
                 .filter(|bd| bd.metadata.deletion_timestamp.is_none());
-            (
-                d,
-                live.map(|bd| (bd.spec.deployment_id.as_str(), classify(bd))),
-            )
+            // What a cluster runs is its deploymentID with the content of its copies: a
+            // rotation changes the copies, not the BundleDeployment (decision 0089-signed-copies).
+            let desired = d.spec.as_ref().map(|s| {
+                tender_types::hash::effective_deployment_id(
+                    &s.deployment_id,
+                    d.copies
+                        .iter()
+                        .map(|c| (c.copy_name.as_str(), c.hash.as_str())),
+                )
+            });
+            let live = live.map(|bd| {
+                let expected = ctx.expected_deployment_id(bd);
+                let state = classify_with(bd, &expected);
+                (expected, state)
+            });
+            (d, desired, live)
         })
         .collect();
     let clusters: Vec<ClusterRollout<'_>> = states
         .iter()
-        .map(|(d, live)| ClusterRollout {
+        .map(|(d, desired, live)| ClusterRollout {
             name: &d.cluster,
             labels: labels_of
                 .get(d.cluster.as_str())
                 .copied()
                 .unwrap_or(super::observe::no_labels()),
-            desired: d.spec.as_ref().map(|s| s.deployment_id.as_str()),
-            live: *live,
+            desired: desired.as_deref(),
+            live: live.as_ref().map(|(id, state)| (id.as_str(), *state)),
         })
         .collect();
     let revision = revisions::revision(input.spec, input.sources);
@@ -181,20 +193,44 @@ pub(crate) async fn write_rollback(
         &owned,
     ) {
         let live_copy = super::observe::live_copy(ctx, kind, &desired.namespace, &copy_name);
+        // The source this copy was made from, as the previous BundleDeployment lists it: the
+        // signature covers its identity (decision 0089-signed-copies).
+        let Some(entry) = spec
+            .options
+            .downstream_resources
+            .iter()
+            .find(|e| e.copy_name == copy_name)
+        else {
+            continue;
+        };
         let want = DesiredCopy {
             kind,
             source_kind: tender_types::copy::CopyableKind {
-                api_version: "v1".into(),
-                kind: kind.as_str().into(),
+                api_version: entry.api_version().to_string(),
+                kind: entry.kind.clone(),
             },
-            source: String::new(),
+            source: entry.name.clone(),
             copy_name: copy_name.clone(),
             bytes: 0,
             hash: content_hash,
         };
-        let CopyStep::Write { .. } = ops::copy_step(&want, live_copy.as_ref(), &uid) else {
+        let keys = ctx.keys();
+        let CopyStep::Write { .. } = ops::copy_step(&want, live_copy.as_ref(), &uid, &keys) else {
             continue;
         };
+        // Signed anew, later than the live copy: an agent takes a rollback as it takes a
+        // rotation, and still refuses an old copy replayed by anyone else.
+        let to = ops::CopyTarget {
+            bundle_ns: &ns,
+            cluster_ns: &desired.namespace,
+            owner: &owner,
+            labels: &owned,
+            keys: &keys,
+            signed_at: super::next_signed_at(live_copy.as_ref()),
+        };
+        let mut body = body;
+        body["metadata"]["annotations"][labels::HUB_SIGNATURE] =
+            serde_json::Value::String(to.signature(&want, &want.hash));
         let op = Op::Apply(Apply {
             key: ops::copy_key(kind, &desired.namespace, &copy_name),
             body,

@@ -38,7 +38,7 @@ use tender_runtime::retry;
 use tender_types::{BundleDeployment, Cluster, ClusterMode, hash, labels, names};
 
 use crate::context::{Ctx, status_op};
-use crate::summary::summarize;
+use crate::summary::summarize_with;
 use crate::{Error, kube_err};
 
 const CONTROLLER: &str = "cluster";
@@ -359,7 +359,9 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
         .into_iter()
         .filter(|bd| bd.metadata.deletion_timestamp.is_none())
         .collect();
-    let summary = summarize(bds.len(), bds.iter().map(AsRef::as_ref));
+    let summary = summarize_with(bds.len(), bds.iter().map(AsRef::as_ref), |bd| {
+        ctx.expected_deployment_id(bd)
+    });
     let now = Timestamp::now();
     let status_with = |summary| {
         cluster_status(

@@ -54,6 +54,8 @@ pub struct PushAgent {
     pub identity: String,
     /// Lease renewal interval.
     pub heartbeat_interval: Duration,
+    /// The hub's public signing keys, comma-separated (the agent verifies copies with them).
+    pub hub_signing_keys: String,
 }
 
 /// Runs one push cluster's agent: `hub` is the hub's own client, `downstream` the one built
@@ -237,6 +239,8 @@ pub(crate) struct Push {
     config: PushConfig,
     copy: bool,
     instance: String,
+    /// The hub's public signing keys handed to every push agent.
+    pub(crate) signing_keys: String,
     notify: UnboundedSender<ObjectRef<Cluster>>,
     entries: Mutex<HashMap<ObjectRef<Cluster>, Entry>>,
     states: Arc<Mutex<HashMap<ObjectRef<Cluster>, PushState>>>,
@@ -255,6 +259,7 @@ impl Push {
             config,
             copy,
             instance,
+            signing_keys: String::new(),
             notify,
             entries: Mutex::default(),
             states: Arc::default(),
@@ -404,6 +409,7 @@ impl Push {
             copy_resources_downstream: self.copy,
             identity: format!("{}/push", self.instance),
             heartbeat_interval: self.config.heartbeat_interval,
+            hub_signing_keys: self.signing_keys.clone(),
         };
         let task = tokio::spawn(supervise(
             r.clone(),

@@ -90,14 +90,18 @@ fn nothing_changed_means_no_operations() {
             uid: "bd-uid".into()
         }
     );
+    let (keys, sig) = crate::signing::test_keys();
     let copy_meta = ObjectMeta {
         uid: Some("c-uid".into()),
-        annotations: Some(BTreeMap::from([(labels::CONTENT_HASH.into(), "h1".into())])),
+        annotations: Some(BTreeMap::from([
+            (labels::CONTENT_HASH.into(), "h1".into()),
+            (labels::HUB_SIGNATURE.into(), sig.clone()),
+        ])),
         owner_references: Some(vec![copy_owner("app", "bd-uid".into())]),
         ..Default::default()
     };
     assert_eq!(
-        copy_step(&d.copies[0], Some(&copy_meta), "bd-uid"),
+        copy_step(&d.copies[0], Some(&copy_meta), "bd-uid", &keys),
         CopyStep::Current
     );
     let live_copies = [LiveCopy {
@@ -170,8 +174,9 @@ fn blocked_or_terminating_deployments_are_held() {
 #[test]
 fn copies_are_rewritten_on_new_hash_or_owner_and_recreated_when_edited() {
     let copy = copy_of("db");
+    let (keys, _) = crate::signing::test_keys();
     assert_eq!(
-        copy_step(&copy, None, "u"),
+        copy_step(&copy, None, "u", &keys),
         CopyStep::Write { replace: None }
     );
     let meta = ObjectMeta {
@@ -184,13 +189,13 @@ fn copies_are_rewritten_on_new_hash_or_owner_and_recreated_when_edited() {
         ..Default::default()
     };
     assert_eq!(
-        copy_step(&copy, Some(&meta), "u"),
+        copy_step(&copy, Some(&meta), "u", &keys),
         CopyStep::Write { replace: None }
     );
     let mut other_owner = meta.clone();
     other_owner.annotations = Some(BTreeMap::from([(labels::CONTENT_HASH.into(), "h1".into())]));
     assert_eq!(
-        copy_step(&copy, Some(&other_owner), "v"),
+        copy_step(&copy, Some(&other_owner), "v", &keys),
         CopyStep::Write { replace: None }
     );
     let edited: ObjectMeta = serde_json::from_value(serde_json::json!({
@@ -202,7 +207,7 @@ fn copies_are_rewritten_on_new_hash_or_owner_and_recreated_when_edited() {
     }))
     .unwrap();
     assert_eq!(
-        copy_step(&copy, Some(&edited), "u"),
+        copy_step(&copy, Some(&edited), "u", &keys),
         CopyStep::Write {
             replace: Some("c-uid".into())
         }
@@ -236,6 +241,8 @@ fn a_secret_copy_keeps_data_and_copied_metadata_only() {
         cluster_ns: "cns",
         owner: &owner,
         labels: &bd_labels,
+        keys: &crate::signing::test_keys().0,
+        signed_at: 5,
     };
     let op = copy_op(
         &SourceObject::Secret(source.clone()),
@@ -265,6 +272,27 @@ fn a_secret_copy_keeps_data_and_copied_metadata_only() {
     );
     assert_eq!(body["metadata"]["annotations"][labels::COPY_OF], "ws/db");
     assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "bd-uid");
+    // The hub's signature verifies with its public key over exactly this entry and content,
+    // as the agent checks it (decision 0089-signed-copies).
+    let trusted = tender_types::signing::TrustedKeys::parse(&to.keys.public_keys).unwrap();
+    let content_hash = hash::secret_hash(&source);
+    let claim = tender_types::signing::CopyClaim {
+        cluster_namespace: "cns",
+        bundle_deployment: "app",
+        api_version: "v1",
+        kind: "Secret",
+        name: "db",
+        copy_name: &copy.copy_name,
+        content_hash: &content_hash,
+        signed_at: 0,
+    };
+    let signature = body["metadata"]["annotations"][labels::HUB_SIGNATURE].as_str();
+    assert_eq!(trusted.verify(&claim, signature), Ok(5));
+    let other = tender_types::signing::CopyClaim {
+        cluster_namespace: "other",
+        ..claim
+    };
+    assert!(trusted.verify(&other, signature).is_err());
 
     let recreate = copy_op(
         &SourceObject::Secret(source),
@@ -328,6 +356,8 @@ fn another_kind_travels_in_a_carrier_secret_with_its_content_hash() {
         cluster_ns: "cluster-ns",
         owner: &owner,
         labels: &bd_labels,
+        keys: &crate::signing::test_keys().0,
+        signed_at: 5,
     };
     let Op::Apply(apply) = copy_op(
         &SourceObject::Carried(policy.clone()),

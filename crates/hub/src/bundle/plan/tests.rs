@@ -124,8 +124,11 @@ fn selector_targets_matching_clusters_with_copies() {
         .collect();
     assert_eq!(
         copied,
-        [("ConfigMap", "conf", "h2"), ("Secret", "creds", "h1")]
+        [("ConfigMap", "conf", ""), ("Secret", "creds", "")],
+        "no copy hash in the spec (decision 0089-signed-copies)"
     );
+    let hashes: Vec<_> = d.copies.iter().map(|c| c.hash.as_str()).collect();
+    assert_eq!(hashes, ["h1", "h2"]);
     assert_eq!(
         d.copies[0].copy_name,
         names::copy_name("app", "Secret", "creds")
@@ -137,7 +140,7 @@ fn selector_targets_matching_clusters_with_copies() {
 }
 
 #[test]
-fn rotation_changes_deployment_id_only() {
+fn rotation_changes_the_copy_not_the_deployment() {
     let world = World::new(2);
     let spec = spec_with_selector(LabelSelector::default());
     let before = plan(
@@ -167,7 +170,9 @@ fn rotation_changes_deployment_id_only() {
         before.deployments[0].spec.as_ref().unwrap(),
         after.deployments[0].spec.as_ref().unwrap(),
     );
-    assert_ne!(b.deployment_id, a.deployment_id);
+    // A rotation changes the copy, not the BundleDeployment (decision 0089-signed-copies).
+    assert_eq!(b, a);
+    assert_ne!(before.deployments[0].copies, after.deployments[0].copies);
     assert_eq!(before.resources, after.resources);
     assert_eq!(
         before.spec(&before.deployments[0]).unwrap().resources,
@@ -430,7 +435,8 @@ fn a_kind_not_allowed_blocks_its_clusters_and_an_allowed_one_is_carried() {
     let entry = &d.spec.as_ref().unwrap().options.downstream_resources[0];
     assert_eq!(entry.api_version.as_deref(), Some("kyverno.io/v1"));
     assert_eq!(entry.kind, "ClusterPolicy");
-    assert_eq!(entry.hash, "hp");
+    assert_eq!(entry.hash, "");
+    assert_eq!(d.copies[0].hash, "hp");
     assert!(entry.is_carried());
 }
 
