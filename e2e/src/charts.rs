@@ -1,5 +1,5 @@
 //! Charts for the Helm tests and the demo: a small chart packaged with the pinned Helm CLI,
-//! and a chart repository on loopback serving it over HTTP with basic auth.
+//! and a chart repository on loopback serving it over HTTP (or HTTPS) with basic auth.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, bail};
 use base64::Engine;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::build::ensure_helm;
@@ -120,6 +120,40 @@ impl ChartRepo {
         Self::serve_dir(root, dir, user, password).await
     }
 
+    /// As [`ChartRepo::start`], over HTTPS with the serving certificate `cert_pem` (for
+    /// 127.0.0.1) and its key `key_pem`.
+    pub async fn start_tls(
+        versions: &[&str],
+        user: &str,
+        password: &str,
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> Result<ChartRepo> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let helm = ensure_helm()?;
+        let root = std::env::temp_dir().join(crate::unique_name("tender-chart-repo"));
+        let (work, dir) = (root.join("work"), root.join("repo"));
+        std::fs::create_dir_all(&dir)?;
+        for v in versions {
+            package_app_chart(&helm, &work, &dir, v)?;
+        }
+        run_helm(&helm, &["repo", "index", path_str(&dir)?])?;
+        let certs = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("serving certificate: {e}"))?;
+        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+            .map_err(|e| anyhow::anyhow!("serving key: {e}"))?;
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        Self::serve_dir_with(root, dir, user, password, Some(acceptor)).await
+    }
+
     /// Serves `dir` (an indexed chart directory inside `root`), requiring `user`/`password`;
     /// `root` is removed when the repository is dropped.
     pub async fn serve_dir(
@@ -128,8 +162,20 @@ impl ChartRepo {
         user: &str,
         password: &str,
     ) -> Result<ChartRepo> {
+        Self::serve_dir_with(root, dir, user, password, None).await
+    }
+
+    /// Serves `dir` over HTTP, or HTTPS with `tls`.
+    async fn serve_dir_with(
+        root: PathBuf,
+        dir: PathBuf,
+        user: &str,
+        password: &str,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Result<ChartRepo> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr()?);
         let unauthorized = Arc::new(AtomicUsize::new(0));
         let expected = format!(
             "authorization: basic {}",
@@ -139,12 +185,20 @@ impl ChartRepo {
         let (serve_dir, count) = (dir.clone(), unauthorized.clone());
         let server = tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(serve(
-                    conn,
-                    serve_dir.clone(),
-                    count.clone(),
-                    expected.clone(),
-                ));
+                let (dir, count, expected) = (serve_dir.clone(), count.clone(), expected.clone());
+                match tls.clone() {
+                    None => {
+                        tokio::spawn(serve(conn, dir, count, expected));
+                    }
+                    Some(acceptor) => {
+                        tokio::spawn(async move {
+                            // A client that refuses the certificate ends here.
+                            if let Ok(conn) = acceptor.accept(conn).await {
+                                serve(conn, dir, count, expected).await;
+                            }
+                        });
+                    }
+                }
             }
         });
         Ok(ChartRepo {
@@ -163,7 +217,7 @@ impl ChartRepo {
 }
 
 /// The head of one HTTP/1.1 request, lowercased, and its path; `None` when the client left.
-async fn read_head(conn: &mut tokio::net::TcpStream) -> Option<(String, String)> {
+async fn read_head<S: AsyncRead + Unpin>(conn: &mut S) -> Option<(String, String)> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 65536 {
@@ -178,8 +232,8 @@ async fn read_head(conn: &mut tokio::net::TcpStream) -> Option<(String, String)>
 }
 
 /// Answers one HTTP/1.1 request: 401 without the expected credentials, else the file or 404.
-async fn serve(
-    mut conn: tokio::net::TcpStream,
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    mut conn: S,
     dir: PathBuf,
     refused: Arc<AtomicUsize>,
     expected: String,

@@ -7,7 +7,8 @@
 
 mod build;
 mod env;
-mod pki;
+/// Certificates for the loopback clusters and for test servers (a private CA).
+pub mod pki;
 mod process;
 mod wait;
 

@@ -40,6 +40,14 @@ impl Ca {
 
     /// Writes `cert` and `key` PEM files for a loopback serving certificate.
     pub fn write_serving_cert(&self, cn: &str, cert: &Path, key: &Path) -> Result<()> {
+        let (cert_pem, key_pem) = self.serving_cert_pem(cn)?;
+        fs::write(cert, cert_pem)?;
+        fs::write(key, key_pem)?;
+        Ok(())
+    }
+
+    /// A loopback serving certificate (localhost, 127.0.0.1) and its key, in PEM.
+    pub fn serving_cert_pem(&self, cn: &str) -> Result<(String, String)> {
         let mut params = CertificateParams::new(vec![
             "localhost".to_string(),
             "kubernetes".to_string(),
@@ -52,9 +60,7 @@ impl Ca {
         params.distinguished_name.push(DnType::CommonName, cn);
         let key_pair = KeyPair::generate()?;
         let signed = params.signed_by(&key_pair, &self.issuer)?;
-        fs::write(cert, signed.pem())?;
-        fs::write(key, key_pair.serialize_pem())?;
-        Ok(())
+        Ok((signed.pem(), key_pair.serialize_pem()))
     }
 }
 

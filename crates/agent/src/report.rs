@@ -17,7 +17,9 @@ use crate::status::{self, Outcome};
 
 /// Writes the status computed from `outcome` and its events, if it differs from the current one.
 pub(crate) async fn report(ctx: &Context, bd: &BundleDeployment, outcome: &Outcome) -> Result<()> {
-    let new = status::compute(bd.status.as_ref(), outcome, Time(Timestamp::now()));
+    let now = Time(Timestamp::now());
+    let mut new = status::compute(bd.status.as_ref(), outcome, now.clone());
+    status::tls_verified(&mut new, bd, now);
     let mut ops = report_ops(bd, &new, outcome).into_iter();
     // The status write comes first; its events only with it (an idle 1000-agent run saw a
     // `Deployed` series patched by a reconcile whose status write the memo had skipped).

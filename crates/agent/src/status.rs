@@ -5,9 +5,12 @@ use tender_types::ObjectState;
 
 use crate::policy::is_refused;
 use tender_types::conditions::{
-    TYPE_DEPLOYED, TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason, set_condition,
+    TYPE_DEPLOYED, TYPE_READY, TYPE_RESOURCES_COPIED, TYPE_TLS_VERIFIED, find_condition, reason,
+    set_condition,
 };
-use tender_types::{BundleDeploymentDisplay, BundleDeploymentStatus, ObjectRef, ObjectStatus};
+use tender_types::{
+    BundleDeployment, BundleDeploymentDisplay, BundleDeploymentStatus, ObjectRef, ObjectStatus,
+};
 
 /// What one reconcile of a BundleDeployment found and did.
 #[derive(Clone, Debug, Default)]
@@ -65,7 +68,7 @@ fn short(id: &str) -> &str {
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
 /// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered or
 /// whose values the owner's policy does not let it read.
-const SPECIFIC_ERRORS: [&str; 19] = [
+const SPECIFIC_ERRORS: [&str; 20] = [
     reason::COPY_SIGNATURE_INVALID,
     reason::HUB_KEY_UNKNOWN,
     reason::COPY_REPLAYED,
@@ -82,6 +85,7 @@ const SPECIFIC_ERRORS: [&str; 19] = [
     reason::RENDERED_TOO_LARGE,
     reason::CHART_REDIRECT_REFUSED,
     reason::CHART_SCHEMA_REFUSED,
+    reason::CHART_REPOSITORY_CA_INVALID,
     reason::VALUES_FROM_MISSING,
     reason::VALUES_INVALID,
     reason::READ_REFUSED_BY_POLICY,
@@ -334,6 +338,32 @@ pub fn compute(
     }
 }
 
+/// `TLSVerified=False` (reason InsecureSkipTLSVerify) on a deployment whose chart is fetched
+/// without verifying TLS, so users see it; removed otherwise. `Ready` is left as it is
+/// (decision 0106-chart-repository-tls).
+pub fn tls_verified(status: &mut BundleDeploymentStatus, bd: &BundleDeployment, now: Time) {
+    let insecure = bd
+        .spec
+        .helm
+        .as_ref()
+        .is_some_and(|h| h.insecure_skip_tls_verify);
+    if insecure {
+        set_condition(
+            &mut status.conditions,
+            TYPE_TLS_VERIFIED,
+            false,
+            reason::INSECURE_SKIP_TLS_VERIFY,
+            "helm.insecureSkipTLSVerify: the chart source's TLS certificate is not verified; \
+             anyone on the network path can serve another chart (trust a private CA with \
+             cacerts in helmSecretName instead)",
+            bd.metadata.generation,
+            now,
+        );
+    } else {
+        status.conditions.retain(|c| c.type_ != TYPE_TLS_VERIFIED);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,6 +479,26 @@ mod tests {
             manifests: vec![obj("ConfigMap", "app", ObjectState::Ready)],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn insecure_tls_is_a_condition_beside_ready() {
+        let mut bd = BundleDeployment::new("b", tender_types::BundleDeploymentSpec::default());
+        bd.spec.helm = Some(tender_types::HelmOptions {
+            insecure_skip_tls_verify: true,
+            ..Default::default()
+        });
+        let mut s = compute(None, &outcome(true), at(1));
+        tls_verified(&mut s, &bd, at(1));
+        let c = find_condition(&s.conditions, TYPE_TLS_VERIFIED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", reason::INSECURE_SKIP_TLS_VERIFY)
+        );
+        assert!(is_true(&s.conditions, TYPE_READY), "Ready is unchanged");
+        bd.spec.helm.as_mut().unwrap().insecure_skip_tls_verify = false;
+        tls_verified(&mut s, &bd, at(2));
+        assert!(find_condition(&s.conditions, TYPE_TLS_VERIFIED).is_none());
     }
 
     #[test]

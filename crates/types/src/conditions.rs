@@ -30,6 +30,10 @@ pub const TYPE_UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
 /// A Bundle or HelmOp with `pollingInterval`: whether the hub's last look at the chart
 /// repository found a version for `helm.version` (which one, from where).
 pub const TYPE_POLLED: &str = "Polled";
+/// BundleDeployment of a chart with `helm.insecureSkipTLSVerify`: `False` (reason
+/// InsecureSkipTLSVerify) while the agent fetches the chart without verifying TLS; absent
+/// otherwise. It does not change `Ready`.
+pub const TYPE_TLS_VERIFIED: &str = "TLSVerified";
 
 pub mod reason {
     /// Rollout: a wave is released and not yet ready.
@@ -112,6 +116,12 @@ pub mod reason {
     /// A chart's `values.schema.json` refers to a document outside itself (`$ref`, `$id` or
     /// `$schema` with a URL), which helm would fetch from the agent's network.
     pub const CHART_SCHEMA_REFUSED: &str = "ChartSchemaRefused";
+    /// The `cacerts` key of the `helmSecretName` Secret holds no PEM certificate the agent can
+    /// use: nothing is fetched, deployed or removed.
+    pub const CHART_REPOSITORY_CA_INVALID: &str = "ChartRepositoryCAInvalid";
+    /// `TLSVerified=False`: the chart source's certificate is not verified
+    /// (`helm.insecureSkipTLSVerify`).
+    pub const INSECURE_SKIP_TLS_VERIFY: &str = "InsecureSkipTLSVerify";
     /// A `valuesFrom` object or key (or the `helmSecretName` Secret) is missing downstream.
     pub const VALUES_FROM_MISSING: &str = "ValuesFromMissing";
     /// A `valuesFrom` key does not hold a YAML map.

@@ -115,7 +115,7 @@ pub struct HelmOptions {
     #[schemars(range(min = 1, max = 3600))]
     pub timeout_seconds: Option<u32>,
 
-    /// Name of a Secret with `username` and `password` keys (or, for an `oci://` registry, a `.dockerconfigjson` naming its host) for the chart repository or registry, read downstream (copy it with downstreamResources).
+    /// Name of a Secret with `username` and `password` keys (or, for an `oci://` registry, a `.dockerconfigjson` naming its host) for the chart repository or registry, and optionally `cacerts` (PEM certificates the agent trusts for it besides the system roots), read downstream (copy it with downstreamResources).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
     pub helm_secret_name: Option<String>,
@@ -127,6 +127,14 @@ pub struct HelmOptions {
         skip_serializing_if = "std::ops::Not::not"
     )]
     pub basic_http: bool,
+
+    /// Skip verifying the chart repository's (or OCI registry's) TLS certificate, as Fleet's `insecureSkipTLSVerify`: anyone on the path can then serve another chart. The BundleDeployment shows `TLSVerified=False` (reason InsecureSkipTLSVerify). Prefer a private CA in the `helmSecretName` Secret's `cacerts` key. See docs/helm.md#private-cas-and-insecureskiptlsverify.
+    #[serde(
+        default,
+        rename = "insecureSkipTLSVerify",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub insecure_skip_tls_verify: bool,
 
     /// Fleet's switch for values templating: `true` leaves `${ }` in values as written; `false` (the default) renders them per cluster on the hub. See docs/helm.md#values-templated-per-cluster.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

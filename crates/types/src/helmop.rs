@@ -82,6 +82,14 @@ pub struct HelmOpSpec {
     #[schemars(length(min = 1, max = 253), regex(pattern = DNS_SUBDOMAIN_PATTERN))]
     pub helm_secret_name: Option<String>,
 
+    /// Fleet's switch: skip verifying the chart repository's TLS certificate (carried into the Bundle's `helm.insecureSkipTLSVerify`; the BundleDeployments show `TLSVerified=False`). Prefer `cacerts` in the helmSecretName Secret. See docs/helm.md#private-cas-and-insecureskiptlsverify.
+    #[serde(
+        default,
+        rename = "insecureSkipTLSVerify",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub insecure_skip_tls_verify: bool,
+
     /// Labels set on the Bundle the hub writes for this HelmOp.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "bundle_labels_schema")]
@@ -160,6 +168,7 @@ impl HelmOpSpec {
     /// on the hub; tender's agent reads it downstream, from its copy).
     pub fn bundle_spec(&self) -> BundleSpec {
         let mut helm = self.helm.clone();
+        helm.insecure_skip_tls_verify |= self.insecure_skip_tls_verify;
         let mut copies = self.downstream_resources.clone();
         let mut targets = self.targets.clone();
         // Fleet merges a target's downstreamResources with the HelmOp's by identity (kind,
@@ -268,10 +277,6 @@ fn bundle_labels_schema(_: &mut SchemaGenerator) -> Schema {
 /// Fleet's HelmOp fields tender does not implement, refused at admission with the reason.
 /// Structural pruning would otherwise drop them silently.
 const FLEET_ONLY_SPEC: &[Unsupported] = &[
-    Unsupported::when_true(
-        "insecureSkipTLSVerify",
-        "TLS to the chart repository is always verified",
-    ),
     Unsupported::present(
         "targetCustomizationMode",
         "string",
@@ -407,6 +412,21 @@ mod tests {
         let t =
             spec(json!({"helm": {"chart": "app", "repo": "https://c"}, "targetNamespace": "x"}));
         assert_eq!(t.bundle_spec().target_namespace.as_deref(), Some("x"));
+        assert!(!t.bundle_spec().helm.unwrap().insecure_skip_tls_verify);
+    }
+
+    #[test]
+    fn insecure_skip_tls_verify_is_carried_into_the_bundle_helm() {
+        let h = spec(json!({
+            "helm": {"chart": "app", "repo": "https://c"},
+            "insecureSkipTLSVerify": true
+        }));
+        let helm = h.bundle_spec().helm.unwrap();
+        assert!(helm.insecure_skip_tls_verify);
+        assert_eq!(
+            serde_json::to_value(&helm).unwrap()["insecureSkipTLSVerify"],
+            json!(true)
+        );
     }
 
     #[test]

@@ -116,7 +116,9 @@ fn host(origin: &str) -> &str {
     }
 }
 
-/// The HTTP client for chart repositories (rustls with the system's roots, HTTP/1).
+/// The HTTP client for chart repositories (rustls, HTTP/1): with the system's roots, or one
+/// deployment's trust (decision 0106-chart-repository-tls).
+#[derive(Clone)]
 pub(crate) struct Http {
     client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Empty<Bytes>>,
     /// Hosts a redirect may leave the origin for (`--chart-redirect-hosts`).
@@ -124,18 +126,7 @@ pub(crate) struct Http {
 }
 
 impl Http {
-    pub(crate) fn new(redirect_hosts: Vec<String>) -> Self {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in rustls_native_certs::load_native_certs().certs {
-            let _ = roots.add(cert);
-        }
-        let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    pub(crate) fn new(redirect_hosts: Vec<String>, tls: rustls::ClientConfig) -> Self {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()

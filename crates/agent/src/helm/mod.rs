@@ -12,6 +12,7 @@ mod oci;
 mod render;
 mod revision;
 mod schema;
+mod tls;
 mod values;
 
 pub use cache::{CacheEntry, evictions};
@@ -46,6 +47,8 @@ use crate::policy::Reads;
 
 /// Default bound on fetching and rendering one chart.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Clients with a deployment's own trust kept at most (then all are dropped and rebuilt).
+const MAX_TRUSTED_CLIENTS: usize = 64;
 
 /// Why a chart could not be rendered: a stable reason (docs/troubleshooting.md) and a message
 /// that never quotes values or credentials.
@@ -90,6 +93,10 @@ pub(crate) struct Charts {
     helm: PathBuf,
     cache: cache::Cache,
     http: fetch::Http,
+    /// The system roots, and the clients of deployments with their own trust, by its key
+    /// (decision 0106-chart-repository-tls).
+    roots: rustls::RootCertStore,
+    trusted: Mutex<HashMap<String, fetch::Http>>,
     limits: ChartLimits,
     schemas_checked: Mutex<HashSet<PathBuf>>,
     renders: Mutex<HashMap<String, (String, RenderedChart)>>,
@@ -97,14 +104,40 @@ pub(crate) struct Charts {
 
 impl Charts {
     pub(crate) fn new(helm: PathBuf, cache_dir: PathBuf, limits: ChartLimits) -> Self {
+        let roots = tls::system_roots();
         Self {
             helm,
             cache: cache::Cache::new(cache_dir, limits.cache_max_bytes),
-            http: fetch::Http::new(limits.redirect_hosts.clone()),
+            http: fetch::Http::new(
+                limits.redirect_hosts.clone(),
+                tls::Trust::default().client_config(&roots),
+            ),
+            roots,
+            trusted: Mutex::new(HashMap::new()),
             limits,
             schemas_checked: Mutex::new(HashSet::new()),
             renders: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The client for a chart source with `trust` (built once per trust; a few at most).
+    fn http_for(&self, trust: &tls::Trust) -> fetch::Http {
+        if trust.is_system() {
+            return self.http.clone();
+        }
+        let mut clients = self.trusted.lock().expect("chart clients");
+        if clients.len() >= MAX_TRUSTED_CLIENTS {
+            clients.clear();
+        }
+        clients
+            .entry(trust.key())
+            .or_insert_with(|| {
+                fetch::Http::new(
+                    self.limits.redirect_hosts.clone(),
+                    trust.client_config(&self.roots),
+                )
+            })
+            .clone()
     }
 
     /// Refuses an archive whose `values.schema.json` refers outside itself (once per archive:
@@ -164,6 +197,10 @@ impl Charts {
         }
         let merged = merge_sources(helm, namespace, &found)?;
         let auth = values::credentials(helm, namespace, &found)?;
+        let trust = tls::Trust::new(
+            values::cacerts(helm, namespace, &found),
+            helm.insecure_skip_tls_verify,
+        )?;
         let release = helm.release_name_or(bd).to_string();
         let memo_key = value_hash(&json!({
             "helm": helm,
@@ -171,20 +208,20 @@ impl Charts {
             "auth": auth.as_ref().map(|(u, p)| value_hash(&json!([u, p]))),
             "namespace": namespace,
             "revision": revision,
+            "trust": trust.key(),
         }));
         if let Some((k, objects)) = self.renders.lock().expect("render memo").get(bd)
             && *k == memo_key
         {
             return Ok(objects.clone());
         }
+        let http = self.http_for(&trust);
         let work = async {
             let chart = if helm.is_oci() {
-                self.http
-                    .fetch_oci(&self.cache, helm, auth.as_ref(), &self.limits)
+                http.fetch_oci(&self.cache, helm, auth.as_ref(), &self.limits)
                     .await?
             } else {
-                self.http
-                    .fetch_chart(&self.cache, helm, auth.as_ref(), &self.limits)
+                http.fetch_chart(&self.cache, helm, auth.as_ref(), &self.limits)
                     .await?
             };
             self.check_schemas(&chart, &helm.chart).await?;

@@ -219,6 +219,29 @@ pub fn merge_sources(
     Ok(merged)
 }
 
+/// The key of the `helmSecretName` Secret holding PEM CAs for the chart source (Fleet's name).
+pub(crate) const CACERTS: &str = "cacerts";
+
+/// `cacerts` of the `helmSecretName` Secret, if set and present (read after [`credentials`],
+/// which reports a missing Secret).
+pub(crate) fn cacerts<'a>(
+    helm: &HelmOptions,
+    namespace: &str,
+    found: &'a HashMap<ValueSource, Option<ObjectData>>,
+) -> Option<&'a [u8]> {
+    let source = ValueSource {
+        secret: true,
+        namespace: namespace.to_string(),
+        name: helm.helm_secret_name.clone()?,
+    };
+    found
+        .get(&source)?
+        .as_ref()?
+        .0
+        .get(CACERTS)
+        .map(Vec::as_slice)
+}
+
 /// `username`/`password` of the `helmSecretName` Secret, if set; for an `oci://` chart a
 /// `.dockerconfigjson` entry for the registry's host serves as well.
 pub fn credentials(
@@ -255,6 +278,10 @@ pub fn credentials(
         return Ok(Some((u, p)));
     }
     let Some(config) = data.0.get(".dockerconfigjson") else {
+        if data.0.contains_key(CACERTS) {
+            // Only a private CA for the repository (decision 0106-chart-repository-tls).
+            return Ok(None);
+        }
         return Err(missing("needs the keys username and password"));
     };
     let host = parse_reference(&helm.chart).map(|r| r.host).map_err(|_| {
@@ -420,6 +447,21 @@ mod tests {
         let err = credentials(&h, "apps", &found).unwrap_err();
         assert_eq!(err.reason, reason::VALUES_FROM_MISSING);
         assert!(!format!("{err:?}").contains("\"u\""));
+    }
+
+    #[test]
+    fn a_secret_with_only_cacerts_means_no_credentials() {
+        let mut h = helm();
+        assert_eq!(cacerts(&h, "apps", &HashMap::new()), None);
+        h.helm_secret_name = Some("auth".into());
+        let found = HashMap::from([(src(true, "auth"), data(&[("cacerts", "PEM")]))]);
+        assert_eq!(credentials(&h, "apps", &found), Ok(None));
+        assert_eq!(cacerts(&h, "apps", &found), Some(&b"PEM"[..]));
+        let found = HashMap::from([(
+            src(true, "auth"),
+            data(&[("username", "u"), ("password", "p")]),
+        )]);
+        assert_eq!(cacerts(&h, "apps", &found), None);
     }
 
     #[test]
