@@ -146,7 +146,13 @@ impl Workspace {
             .await
             .unwrap();
         let mut config = AgentConfig::new(&self.ns, name);
-        config.hub_signing_keys = crate::hub_harness::hub_signing_keys(&self.hub, &self.ns).await;
+        // The in-process hub's key Secret is in the workspace; a hub binary started from the
+        // chart keeps its own in its release namespace.
+        config.hub_signing_keys = if self.hub_instance.is_some() {
+            crate::hub_harness::hub_signing_keys(&self.hub, &self.ns).await
+        } else {
+            crate::running::test_hub_signing_keys(&self.hub, &self.ns).await
+        };
         config.heartbeat_interval = Duration::from_secs(2);
         config.cluster_status_interval = Duration::from_secs(300);
         (kubeconfig, config)

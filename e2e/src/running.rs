@@ -301,7 +301,7 @@ pub struct AgentOpts<'a> {
 /// The public signing keys an agent of workspace `ws` is registered with: those of the
 /// in-process hub serving it (its key Secret in the workspace), else of every hub key Secret
 /// in the environment (a hub binary's, in its release namespace; test environments only).
-async fn test_hub_signing_keys(hub: &kube::Client, ws: &str) -> String {
+pub(crate) async fn test_hub_signing_keys(hub: &kube::Client, ws: &str) -> String {
     use k8s_openapi::api::core::v1::Secret;
     let name = tender_types::names::HUB_SIGNING_KEY_SECRET;
     let field = format!("metadata.name={name}");

@@ -115,20 +115,24 @@ async fn paused_bundle_holds_changes_until_unpaused() {
     };
     let writes_before = secret_writes();
     ws.source_secret("db-creds", &[("password", "two")]).await;
-    eventually(
-        "the new deploymentID on the paused BundleDeployment",
-        WAIT,
-        || async {
-            let bd = bds.get("app").await?;
-            let applied = bd
-                .status
-                .as_ref()
-                .and_then(|s| s.applied_deployment_id.clone());
-            Ok::<_, kube::Error>(
-                (applied.as_deref() != Some(bd.spec.deployment_id.as_str())).then_some(()),
-            )
-        },
-    )
+    // The hub writes the rotated copy (a rotation changes the copy, not the
+    // BundleDeployment: decision 0089-signed-copies).
+    let bd = bds.get("app").await.unwrap();
+    let copy_name = bd
+        .spec
+        .options
+        .downstream_resources
+        .iter()
+        .find(|c| c.name == "db-creds")
+        .map(|c| c.copy_name.clone())
+        .unwrap();
+    let copies: Api<Secret> = Api::namespaced(ws.hub.clone(), &ws.cluster_ns("east"));
+    eventually("the rotated copy on the hub", WAIT, || async {
+        let copy = copies.get(&copy_name).await?;
+        Ok::<_, kube::Error>(
+            (secret_value(&copy, "password").as_deref() == Some("two")).then_some(()),
+        )
+    })
     .await;
     // A window for a wrong apply: the downstream Secret keeps its value and version, and the
     // agent writes no Secret, from before the rotation to the end of the window.
