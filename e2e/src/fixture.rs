@@ -260,23 +260,63 @@ impl Workspace {
     }
 
     /// Waits until the BundleDeployment of `bundle` on `cluster` is Ready with its current
-    /// deploymentID applied.
+    /// deploymentID applied — and, with copies, the copies the hub holds now
+    /// (`appliedCopiesID`, decision 0089-signed-copies), as the hub judges it.
     pub async fn ready(&self, cluster: &str, bundle: &str) -> BundleDeployment {
         let api = self.bds(cluster);
+        let ns = self.cluster_ns(cluster);
         eventually(
             &format!("BundleDeployment {bundle} of {cluster} Ready and applied"),
             WAIT,
             || async {
-                let bd = api.get_opt(bundle).await?;
-                Ok::<_, kube::Error>(bd.filter(|bd| {
-                    bd.status.as_ref().is_some_and(|s| {
-                        s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                            && is_true(&s.conditions, TYPE_READY)
-                    })
-                }))
+                let Some(bd) = api.get_opt(bundle).await? else {
+                    return Ok(None);
+                };
+                let expected = self.expected_copies_id(&ns, &bd).await?;
+                let done = bd.status.as_ref().is_some_and(|s| {
+                    s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                        && (expected.is_none() || s.applied_copies_id == expected)
+                        && is_true(&s.conditions, TYPE_READY)
+                });
+                Ok::<_, kube::Error>(done.then_some(bd))
             },
         )
         .await
+    }
+
+    /// The effective deployment of `bd` with the copies the hub holds in `ns` now (`None`
+    /// without copies; `Some("")` while one is missing).
+    async fn expected_copies_id(
+        &self,
+        ns: &str,
+        bd: &BundleDeployment,
+    ) -> Result<Option<String>, kube::Error> {
+        let entries = &bd.spec.options.downstream_resources;
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let mut hashes = Vec::new();
+        for e in entries {
+            let annotations = if e.kind == "ConfigMap" && !e.is_carried() {
+                Api::<ConfigMap>::namespaced(self.hub.clone(), ns)
+                    .get_opt(&e.copy_name)
+                    .await?
+                    .and_then(|c| c.metadata.annotations)
+            } else {
+                Api::<Secret>::namespaced(self.hub.clone(), ns)
+                    .get_opt(&e.copy_name)
+                    .await?
+                    .and_then(|c| c.metadata.annotations)
+            };
+            let Some(hash) = annotations.and_then(|a| a.get(labels::CONTENT_HASH).cloned()) else {
+                return Ok(Some(String::new()));
+            };
+            hashes.push((e.copy_name.clone(), hash));
+        }
+        Ok(Some(tender_types::hash::effective_deployment_id(
+            &bd.spec.deployment_id,
+            hashes.iter().map(|(c, h)| (c.as_str(), h.as_str())),
+        )))
     }
 }
 

@@ -63,6 +63,8 @@ async fn cluster_add_registers_and_prints_working_agent_manifests() {
         move || {
             Command::new(tender_bin())
                 .args(["cluster", "add", "east", "-n", &ws, "-l", "env=prod"])
+                // This test's hub keeps its signing key Secret in the workspace.
+                .args(["--hub-namespace", &ws])
                 .arg("--hub-kubeconfig")
                 .arg(&hub_kubeconfig)
                 .args(["--image", "example.test/tender-agent:dev"])
@@ -227,6 +229,7 @@ async fn cluster_add_local_installs_the_agent_on_the_hub_itself() {
         move || {
             Command::new(tender_bin())
                 .args(["cluster", "add", "local", "-n", &ws, "--local"])
+                .args(["--hub-namespace", &ws])
                 .args(["--agent-namespace", &agent_ns])
                 .arg("--hub-kubeconfig")
                 .arg(&hub_kubeconfig)

@@ -35,18 +35,38 @@ use tokio::task::JoinHandle;
 // ---------------------------------------------------------------------------------------------
 // Small helpers.
 
-/// Waits until the hub has given `bundle` on `cluster` a deploymentID other than `old`.
-async fn new_deployment_id(ws: &Workspace, cluster: &str, bundle: &str, old: &str) -> String {
-    let api = ws.bds(cluster);
+/// Waits until the hub has written the rotated copy of Secret `source` (holding `password`)
+/// for `bundle` on `cluster`: a rotation changes the copy, not the BundleDeployment (decision
+/// 0089-signed-copies), whose deploymentID it returns.
+async fn rotated_copy(
+    ws: &Workspace,
+    cluster: &str,
+    bundle: &str,
+    source: &str,
+    password: &str,
+) -> String {
+    let bd = ws.bds(cluster).get(bundle).await.unwrap();
+    let copy_name = bd
+        .spec
+        .options
+        .downstream_resources
+        .iter()
+        .find(|c| c.name == source)
+        .map(|c| c.copy_name.clone())
+        .unwrap();
+    let copies: Api<Secret> = Api::namespaced(ws.hub.clone(), &ws.cluster_ns(cluster));
     eventually(
-        &format!("a new deploymentID for {bundle} on {cluster}"),
+        &format!("the rotated copy of {source} for {bundle} on {cluster}"),
         WAIT,
         || async {
-            let bd = api.get(bundle).await?;
-            Ok::<_, kube::Error>((bd.spec.deployment_id != old).then_some(bd.spec.deployment_id))
+            let copy = copies.get(&copy_name).await?;
+            Ok::<_, kube::Error>(
+                (secret_value(&copy, "password").as_deref() == Some(password)).then_some(()),
+            )
         },
     )
-    .await
+    .await;
+    bd.spec.deployment_id
 }
 
 /// Serves an agent's `/metrics`, `/healthz` and `/readyz` on a free loopback port, exactly as
@@ -141,7 +161,11 @@ async fn hub_unreachable_keeps_downstream_and_rotation_arrives_after_restore() {
     let cut_at = Instant::now();
     // While cut, the source rotates on the hub; the hub (not behind the proxy) processes it.
     ws.source_secret("db-creds", &[("password", "two")]).await;
-    let rotated_id = new_deployment_id(&ws, "east", "app", &before.spec.deployment_id).await;
+    let rotated_id = rotated_copy(&ws, "east", "app", "db-creds", "two").await;
+    assert_eq!(
+        rotated_id, before.spec.deployment_id,
+        "a rotation leaves the BundleDeployment alone"
+    );
 
     // The deliberate observation window: ~20 s without the hub. Readiness means "caches
     // synced and controllers running", which a hub outage does not undo: the agent keeps its
@@ -295,7 +319,11 @@ async fn hub_forbidding_the_agent_deletes_nothing_and_it_resumes_when_allowed_ag
     }
     // A change arrives on the hub meanwhile, so resuming has real work to do.
     ws.source_secret("db-creds", &[("password", "two")]).await;
-    let rotated_id = new_deployment_id(&ws, "east", "app", &before.spec.deployment_id).await;
+    let rotated_id = rotated_copy(&ws, "east", "app", "db-creds", "two").await;
+    assert_eq!(
+        rotated_id, before.spec.deployment_id,
+        "a rotation leaves the BundleDeployment alone"
+    );
 
     // Start it again while the hub still refuses it: its start-up sweep runs against the 403s.
     let agent = start_agent(ws.env, &kubeconfig, &downstream, config.clone())

@@ -345,10 +345,6 @@ async fn add(a: AddArgs) -> Result<()> {
         }
     });
     let hub = tender_runtime::client::client_from_config(config, None, "tender-cli")?;
-    let signing_keys = match &a.hub_signing_keys {
-        Some(keys) => keys.clone(),
-        None => hub_signing_keys(&hub, &a.hub_namespace, &a.hub_signing_key_secret).await?,
-    };
     let cluster_labels: BTreeMap<String, String> = a.labels.iter().cloned().collect();
     let reg = register(
         &hub,
@@ -371,6 +367,14 @@ async fn add(a: AddArgs) -> Result<()> {
         eprintln!("agent hub kubeconfig written to {}", path.display());
         return Ok(());
     }
+    // Read once the hub has provisioned the Cluster: a hub that just started has created its
+    // key Secret by then, or does so moments later.
+    let signing_keys = match &a.hub_signing_keys {
+        Some(keys) => keys.clone(),
+        None => {
+            hub_signing_keys(&hub, &a.hub_namespace, &a.hub_signing_key_secret, a.timeout).await?
+        }
+    };
     let manifests = agent_manifests(
         &a.workspace,
         &a.name,
@@ -405,16 +409,27 @@ async fn add(a: AddArgs) -> Result<()> {
 
 /// The hub's public signing keys from its key Secret (`public-keys`): what the agent is
 /// registered with (decision 0089-signed-copies).
-async fn hub_signing_keys(hub: &kube::Client, namespace: &str, secret: &str) -> Result<String> {
+async fn hub_signing_keys(
+    hub: &kube::Client,
+    namespace: &str,
+    secret: &str,
+    timeout: std::time::Duration,
+) -> Result<String> {
     let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
         kube::Api::namespaced(hub.clone(), namespace);
-    let found = api
-        .get_opt(secret)
-        .await
-        .with_context(|| format!("reading the hub's signing key Secret {namespace}/{secret}"))?;
-    let keys = found
-        .and_then(|s| s.data?.get("public-keys").cloned())
-        .map(|k| String::from_utf8_lossy(&k.0).into_owned());
+    let deadline = std::time::Instant::now() + timeout;
+    let keys = loop {
+        let found = api.get_opt(secret).await.with_context(|| {
+            format!("reading the hub's signing key Secret {namespace}/{secret}")
+        })?;
+        let keys = found
+            .and_then(|s| s.data?.get("public-keys").cloned())
+            .map(|k| String::from_utf8_lossy(&k.0).into_owned());
+        if keys.is_some() || std::time::Instant::now() >= deadline {
+            break keys;
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    };
     keys.with_context(|| {
         format!(
             "the hub's signing key Secret {namespace}/{secret} does not exist yet: start the hub first (it creates it), or pass --hub-signing-keys"
