@@ -275,7 +275,9 @@ impl Workspace {
                 let expected = self.expected_copies_id(&ns, &bd).await?;
                 let done = bd.status.as_ref().is_some_and(|s| {
                     s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                        && (expected.is_none() || s.applied_copies_id == expected)
+                        && (expected.is_none()
+                            || s.applied_copies_id.is_none()
+                            || s.applied_copies_id == expected)
                         && is_true(&s.conditions, TYPE_READY)
                 });
                 Ok::<_, kube::Error>(done.then_some(bd))
