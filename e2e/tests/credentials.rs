@@ -436,7 +436,12 @@ async fn the_agent_binary_renews_its_token_early_and_keeps_applying_after_revoca
         Ok::<_, kube::Error>((list_status(&old, &ns).await == Err(401)).then_some(()))
     })
     .await;
-    let before = ws.bds("east").get("app").await.unwrap().spec.deployment_id;
+    // A rotation changes the copies, not the BundleDeployment: the agent reports the copies it
+    // applied in `appliedCopiesID` (decision 0089-signed-copies).
+    let copies_applied = |bd: &tender_types::BundleDeployment| {
+        bd.status.as_ref().and_then(|s| s.applied_copies_id.clone())
+    };
+    let before = copies_applied(&ws.bds("east").get("app").await.unwrap());
     ws.source_secret("db-creds", &[("password", "v2")]).await;
     tender_e2e::fixture::wait_secret(&down, &target, "db-creds", "the rotation", |s| {
         tender_e2e::fixture::secret_value(s, "password").as_deref() == Some("v2")
@@ -444,9 +449,11 @@ async fn the_agent_binary_renews_its_token_early_and_keeps_applying_after_revoca
     .await;
     let bd = ws.ready("east", "app").await;
     assert_ne!(
-        bd.spec.deployment_id, before,
+        copies_applied(&bd),
+        before,
         "the rotation's deployment is reported applied"
     );
+    assert!(before.is_some());
     assert!(agent.exited().is_none(), "the agent is still running");
 
     // Its log says it renewed, never with a token, and shows no refusal.

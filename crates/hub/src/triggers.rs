@@ -520,6 +520,11 @@ fn copy_changed(ctx: &Ctx, t: &Triggers, kind: SourceKind, meta: &ObjectMeta) {
     if let Some(b) = bundle_of(meta) {
         t.bundle(b);
     }
+    // A rotation writes only the copy (decision 0089-signed-copies): what the Cluster's summary
+    // counts as applied moved with it, as it moved with a BundleDeployment write before.
+    if let Some(c) = ns.and_then(|ns| ctx.cluster_of_namespace(ns)) {
+        t.cluster(c);
+    }
 }
 
 /// Sources: through the index to the Bundles that copy them; a Secret named by a push
