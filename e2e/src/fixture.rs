@@ -173,6 +173,18 @@ impl Workspace {
         self.agent_with(cluster, downstream, down).await
     }
 
+    /// An agent that renders charts: the pinned Helm (built on first use) and a chart cache
+    /// of its own.
+    pub async fn helm_agent(&self, cluster: &str, downstream: &str) -> Agent {
+        let helm = crate::ensure_helm().expect("building helm");
+        let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
+        self.agent_configured(cluster, downstream, |c| {
+            c.helm_path = helm;
+            c.chart_cache_dir = cache;
+        })
+        .await
+    }
+
     /// Like [`agent`](Self::agent), with `configure` applied to the agent's configuration
     /// (e.g. the helm binary).
     pub async fn agent_configured(

@@ -6,16 +6,15 @@
 //! `insecureSkipTLSVerify: true` (no CA) deploys and its BundleDeployment shows
 //! `TLSVerified=False` beside `Ready=True`.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use tender_e2e::charts::ChartRepo;
-use tender_e2e::fixture::{Agent, Workspace, stays};
+use tender_e2e::fixture::{Workspace, stays};
 use tender_e2e::pki::Ca;
-use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
+use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
 use tender_types::conditions::{
     TYPE_DEPLOYED, TYPE_READY, TYPE_TLS_VERIFIED, find_condition, is_true, reason,
 };
@@ -24,16 +23,6 @@ use tender_types::{BundleDeployment, HelmOp};
 const WAIT: Duration = tender_e2e::fixture::WAIT;
 const USER: &str = "chart-reader";
 const PASSWORD: &str = "tls-repo-pass-123";
-
-async fn helm_agent(ws: &Workspace, cluster: &str) -> Agent {
-    let helm: PathBuf = ensure_helm().expect("building helm");
-    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(1), |c| {
-        c.helm_path = helm;
-        c.chart_cache_dir = cache;
-    })
-    .await
-}
 
 /// Bundle `app` of chart `app` 0.1.0 from `repo`, authenticating with Secret `secret` (copied).
 fn bundle(cluster: &str, ns: &str, repo: &str, secret: &str) -> Value {
@@ -85,7 +74,7 @@ async fn a_private_ca_from_cacerts_or_insecure_skip_tls_verify_reaches_an_https_
         .expect("starting the HTTPS chart repository");
     assert!(repo.url.starts_with("https://127.0.0.1:"));
     let ws = Workspace::new(shared_env(1).await, "charttls").await;
-    let agent = helm_agent(&ws, "west").await;
+    let agent = ws.helm_agent("west", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let ns = unique_name("chart-tls");
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);

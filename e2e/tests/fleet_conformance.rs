@@ -12,7 +12,7 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 use tender_e2e::charts::{Route, RouteRepo, package_chart};
-use tender_e2e::fixture::{Agent, WAIT, Workspace};
+use tender_e2e::fixture::{WAIT, Workspace};
 use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
 use tender_types::{Bundle, Cluster, HelmOp};
 
@@ -152,16 +152,6 @@ async fn chart_repo() -> RouteRepo {
     repo
 }
 
-async fn helm_agent(ws: &Workspace, cluster: &str, n: usize) -> Agent {
-    let helm: PathBuf = ensure_helm().expect("building helm");
-    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(n), |c| {
-        c.helm_path = helm;
-        c.chart_cache_dir = cache;
-    })
-    .await
-}
-
 fn fixture(file: &str, repo: &str, ns: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("fixtures/fleet")
@@ -248,8 +238,8 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
     let repo = chart_repo().await;
     let ws = Workspace::new(shared_env(2).await, "fleet-conf").await;
     let (_local, _east) = (
-        helm_agent(&ws, "local", 1).await,
-        helm_agent(&ws, "east", 2).await,
+        ws.helm_agent("local", &downstream_name(1)).await,
+        ws.helm_agent("east", &downstream_name(2)).await,
     );
     let clusters = Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns);
     for (name, patch) in [

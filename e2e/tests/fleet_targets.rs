@@ -4,29 +4,17 @@
 //! cluster gets its own rendered values; a template that fails (a label the Cluster lacks)
 //! blocks only that cluster, named with the value's path, until the label arrives.
 
-use std::path::PathBuf;
-
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use tender_e2e::charts::ChartRepo;
-use tender_e2e::fixture::{Agent, WAIT, Workspace, stays};
-use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
+use tender_e2e::fixture::{WAIT, Workspace, stays};
+use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
 use tender_types::conditions::{TYPE_READY, find_condition, reason};
 use tender_types::{Cluster, HelmOp};
 
 const USER: &str = "chart-reader";
 const PASSWORD: &str = "repo-pass-123";
-
-async fn helm_agent(ws: &Workspace, cluster: &str, n: usize) -> Agent {
-    let helm: PathBuf = ensure_helm().expect("building helm");
-    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(n), |c| {
-        c.helm_path = helm;
-        c.chart_cache_dir = cache;
-    })
-    .await
-}
 
 async fn patch_cluster(ws: &Workspace, name: &str, patch: Value) {
     Api::<Cluster>::namespaced(ws.hub.clone(), &ws.ns)
@@ -86,8 +74,8 @@ async fn target_values_and_templates_render_per_cluster_and_a_failing_template_b
         .expect("chart repository");
     let ws = Workspace::new(shared_env(2).await, "fleet-targets").await;
     let (_east, _west) = (
-        helm_agent(&ws, "east", 1).await,
-        helm_agent(&ws, "west", 2).await,
+        ws.helm_agent("east", &downstream_name(1)).await,
+        ws.helm_agent("west", &downstream_name(2)).await,
     );
     patch_cluster(
         &ws,

@@ -5,7 +5,6 @@
 //! with what is deployed kept in place.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -13,9 +12,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::{Value, json};
 use tender_e2e::charts::ChartRepo;
-use tender_e2e::fixture::{Agent, Workspace, stays};
+use tender_e2e::fixture::{Workspace, stays};
 use tender_e2e::oci_registry::{OciRegistry, RegistryAuth};
-use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
+use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
 use tender_types::conditions::{TYPE_DEPLOYED, find_condition, reason};
 use tender_types::labels;
 
@@ -27,16 +26,6 @@ async fn repo() -> ChartRepo {
     ChartRepo::start(&["0.1.0", "0.2.0"], USER, PASSWORD)
         .await
         .expect("starting the chart repository")
-}
-
-async fn helm_agent(ws: &Workspace, cluster: &str) -> Agent {
-    let helm: PathBuf = ensure_helm().expect("building helm");
-    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(1), |c| {
-        c.helm_path = helm;
-        c.chart_cache_dir = cache;
-    })
-    .await
 }
 
 fn bundle(cluster: &str, ns: &str, helm: Value) -> Value {
@@ -144,7 +133,7 @@ fn managed(meta: &ObjectMeta) -> bool {
 async fn chart_values_from_a_copied_secret_rotate_drift_upgrade_and_removal() {
     let repo = repo().await;
     let ws = Workspace::new(shared_env(1).await, "helm").await;
-    let agent = helm_agent(&ws, "east").await;
+    let agent = ws.helm_agent("east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let ns = unique_name("helm-app");
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
@@ -215,7 +204,7 @@ async fn chart_values_from_a_copied_secret_rotate_drift_upgrade_and_removal() {
 async fn chart_failures_are_reported_and_keep_what_is_deployed() {
     let repo = repo().await;
     let ws = Workspace::new(shared_env(1).await, "helmfail").await;
-    let agent = helm_agent(&ws, "west").await;
+    let agent = ws.helm_agent("west", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let ns = unique_name("helm-fail");
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
@@ -296,7 +285,7 @@ async fn chart_failures_are_reported_and_keep_what_is_deployed() {
 async fn removal_with_keep_resources_leaves_the_chart_objects_unmanaged() {
     let repo = repo().await;
     let ws = Workspace::new(shared_env(1).await, "helmkeep").await;
-    let agent = helm_agent(&ws, "north").await;
+    let agent = ws.helm_agent("north", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let ns = unique_name("helm-keep");
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
@@ -383,7 +372,7 @@ fn oci_helm(reg: &OciRegistry, version: &str, auth: Option<&str>) -> Value {
 async fn oci_chart_needs_the_copied_credentials_renders_values_rotates_and_upgrades() {
     let reg = registry(RegistryAuth::Basic).await;
     let ws = Workspace::new(shared_env(1).await, "helmoci").await;
-    let agent = helm_agent(&ws, "oci-east").await;
+    let agent = ws.helm_agent("oci-east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let ns = unique_name("helm-oci");
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
@@ -491,7 +480,7 @@ async fn oci_bearer_token_flow_and_failures_keep_what_is_deployed() {
     reg.push_app_chart("0.3.0").expect("pushing 0.3.0");
     reg.corrupt_chart("0.3.0").expect("corrupting 0.3.0");
     let ws = Workspace::new(shared_env(1).await, "helmocifail").await;
-    let agent = helm_agent(&ws, "oci-west").await;
+    let agent = ws.helm_agent("oci-west", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let ns = unique_name("helm-oci-fail");
     let cms: Api<ConfigMap> = Api::namespaced(down.clone(), &ns);
@@ -583,7 +572,7 @@ async fn oci_bearer_token_flow_and_failures_keep_what_is_deployed() {
 async fn a_chart_object_somebody_else_has_is_never_clobbered() {
     let repo = repo().await;
     let ws = Workspace::new(shared_env(1).await, "helm-theirs").await;
-    let agent = helm_agent(&ws, "theirs").await;
+    let agent = ws.helm_agent("theirs", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let ns = unique_name("helm-theirs");
     tender_e2e::fixture::create_namespace(&down, &ns).await;

@@ -3,14 +3,13 @@
 //! hub recording it in `status.version` and the `Polled` condition; looks that find nothing new
 //! write nothing; a repository that goes away leaves the version deployed and says so.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tender_e2e::charts::{ChartRepo, package_app_chart, run_helm};
-use tender_e2e::fixture::{Agent, Workspace, settled, stays};
+use tender_e2e::fixture::{Workspace, settled, stays};
 use tender_e2e::oci_registry::{OciRegistry, RegistryAuth};
 use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
 use tender_types::conditions::{TYPE_POLLED, find_condition, reason};
@@ -22,16 +21,6 @@ const PASSWORD: &str = "poll-pass-456";
 const INTERVAL: &str = "15s";
 /// One interval, its jitter and a reconcile.
 const LOOK: Duration = Duration::from_secs(45);
-
-async fn helm_agent(ws: &Workspace, cluster: &str, n: usize) -> Agent {
-    let helm: PathBuf = ensure_helm().expect("building helm");
-    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(n), |c| {
-        c.helm_path = helm;
-        c.chart_cache_dir = cache;
-    })
-    .await
-}
 
 async fn config_version(api: &Api<ConfigMap>) -> Option<String> {
     api.get_opt("web-config")
@@ -82,8 +71,8 @@ async fn a_version_range_follows_the_repository_and_survives_its_loss() {
         .expect("starting the chart repository");
     let ws = Workspace::new(shared_env(2).await, "helm-polling").await;
     let (_east, _west) = (
-        helm_agent(&ws, "east", 1).await,
-        helm_agent(&ws, "west", 2).await,
+        ws.helm_agent("east", &downstream_name(1)).await,
+        ws.helm_agent("west", &downstream_name(2)).await,
     );
     let ns = unique_name("polled-app");
     let mut cms = Vec::new();
@@ -181,7 +170,7 @@ async fn a_bundle_polls_an_oci_registrys_tags() {
         .expect("starting the OCI registry");
     reg.push_app_chart("0.1.0").expect("pushing 0.1.0");
     let ws = Workspace::new(shared_env(2).await, "helm-polling-oci").await;
-    let agent = helm_agent(&ws, "oci-east", 1).await;
+    let agent = ws.helm_agent("oci-east", &downstream_name(1)).await;
     let ns = unique_name("polled-oci");
     let cms = Api::<ConfigMap>::namespaced(ws.downstream(&agent.downstream).await, &ns);
     ws.source_secret(
@@ -306,8 +295,8 @@ async fn a_fleet_helmop_with_targets_templates_polling_and_compare_patches() {
     publish_web_chart(&repo.dir, "1.0.0");
     let ws = Workspace::new(shared_env(2).await, "fleet-done-when").await;
     let (_east, _west) = (
-        helm_agent(&ws, "east", 1).await,
-        helm_agent(&ws, "west", 2).await,
+        ws.helm_agent("east", &downstream_name(1)).await,
+        ws.helm_agent("west", &downstream_name(2)).await,
     );
     for (cluster, env) in [("east", "prod"), ("west", "dev")] {
         Api::<tender_types::Cluster>::namespaced(ws.hub.clone(), &ws.ns)

@@ -5,16 +5,14 @@
 //! `keepResources` set in the same breath as the delete), and a same-named Bundle the HelmOp
 //! does not own reported and left alone.
 
-use std::path::PathBuf;
-
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::{Value, json};
 use tender_e2e::charts::ChartRepo;
-use tender_e2e::fixture::{Agent, WAIT, Workspace, settled, stays};
+use tender_e2e::fixture::{WAIT, Workspace, settled, stays};
 use tender_e2e::hub_harness::{hub_config, start_hub};
-use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
+use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
 use tender_types::conditions::{TYPE_READY, find_condition, is_true, reason};
 use tender_types::{Bundle, HelmOp, labels};
 
@@ -25,17 +23,6 @@ async fn repo() -> ChartRepo {
     ChartRepo::start(&["0.1.0", "0.2.0"], USER, PASSWORD)
         .await
         .expect("starting the chart repository")
-}
-
-/// Registers `cluster` and starts its agent on downstream cluster `n`, with the pinned Helm.
-async fn helm_agent(ws: &Workspace, cluster: &str, n: usize) -> Agent {
-    let helm: PathBuf = ensure_helm().expect("building helm");
-    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(n), |c| {
-        c.helm_path = helm;
-        c.chart_cache_dir = cache;
-    })
-    .await
 }
 
 /// The HelmOp as a Fleet user writes it (Fleet's field names: `namespace`, `helmSecretName`,
@@ -129,8 +116,8 @@ async fn a_fleet_helmop_deploys_to_every_cluster_rotates_upgrades_idles_and_goes
     let repo = repo().await;
     let ws = Workspace::new(shared_env(2).await, "helmop").await;
     let (_east, _west) = (
-        helm_agent(&ws, "east", 1).await,
-        helm_agent(&ws, "west", 2).await,
+        ws.helm_agent("east", &downstream_name(1)).await,
+        ws.helm_agent("west", &downstream_name(2)).await,
     );
     let ns = unique_name("helmop-app");
     let mut cms = Vec::new();
@@ -236,7 +223,7 @@ async fn keep_resources_set_with_the_delete_leaves_the_chart_objects() {
     let repo = repo().await;
     let ws = Workspace::without_hub(shared_env(2).await, "helmopkeep").await;
     let hub = start_hub(ws.env, hub_config(&ws.ns)).await.unwrap();
-    let _agent = helm_agent(&ws, "east", 1).await;
+    let _agent = ws.helm_agent("east", &downstream_name(1)).await;
     let ns = unique_name("helmop-keep");
     let cms = Api::<ConfigMap>::namespaced(ws.downstream(&downstream_name(1)).await, &ns);
     ws.source_secret("app-values", &[("values.yaml", "greeting: kept\n")])

@@ -2,6 +2,7 @@
 //! observe once ([`observe`]), plan the phases ([`plan::deployment_plan`], pure), record the
 //! inventory, run the phases ([`execute`]), prune once everything is in place, and report.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -29,7 +30,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     // (a new signed copy) redeploys without a BundleDeployment write (decision
     // 0089-signed-copies). From here on `spec.deploymentID` is that effective id.
     let base_id = bd.spec.deployment_id.clone();
-    let effective = effective(ctx, bd, &name).await;
+    let (effective, verified) = effective(ctx, bd, &name).await;
     let bd = &effective;
     let spec = &bd.spec;
     let opts = &spec.options;
@@ -68,7 +69,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
 
     // Observe once, plan, and record what may be created before creating it (a crash leaves
     // nothing unknown).
-    let observed = observe::observe(ctx, bd, &owner, pending).await?;
+    let observed = observe::observe(ctx, bd, &owner, pending, &verified).await?;
     outcome.copy_feature_disabled = observed.copy_feature_disabled;
     let plan = plan::deployment_plan(
         observed.input,
@@ -224,18 +225,25 @@ fn refused_identity(
 
 /// `bd` with `spec.deploymentID` replaced by the effective id: the spec's id and the content
 /// hash of each copy the agent trusts now ("" for one it does not, so that a refused copy
-/// never counts as applied). Without copies (or with copying off) it is the spec's.
-async fn effective(ctx: &Context, bd: &BundleDeployment, name: &str) -> BundleDeployment {
+/// never counts as applied). Without copies (or with copying off) it is the spec's. Also
+/// those hashes by copy name, for what else reads them in this reconcile.
+async fn effective(
+    ctx: &Context,
+    bd: &BundleDeployment,
+    name: &str,
+) -> (BundleDeployment, BTreeMap<String, String>) {
     let mut bd = bd.clone();
     let entries = &bd.spec.options.downstream_resources;
+    let mut verified = BTreeMap::new();
     if ctx.config.copy_resources_downstream && !entries.is_empty() {
         let hashes = ctx.copies.hashes(name, entries).await;
         bd.spec.deployment_id = tender_types::hash::effective_deployment_id(
             &bd.spec.deployment_id,
             hashes.iter().map(|(c, h)| (c.as_str(), h.as_str())),
         );
+        verified = hashes.into_iter().filter(|(_, h)| !h.is_empty()).collect();
     }
-    bd
+    (bd, verified)
 }
 
 /// When to reconcile again: on change only, unless a copy is still missing on the hub (soon)

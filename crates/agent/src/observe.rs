@@ -3,7 +3,7 @@
 //! inventory and the rendered chart (objects, CRDs and hooks), with the owner's policy applied —
 //! everything the pure [`plan::deployment_plan`] needs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kube::ResourceExt;
@@ -51,6 +51,7 @@ pub(crate) async fn observe(
     bd: &BundleDeployment,
     owner: &Owner,
     pending: bool,
+    verified: &BTreeMap<String, String>,
 ) -> Result<Observation> {
     let name = bd.name_any();
     let spec = &bd.spec;
@@ -165,16 +166,11 @@ pub(crate) async fn observe(
     }
     let hook_timeout = hook_timeout(bd);
     // `rolloutOnCopyChange` hashes what each workload consumes: the content hash of each copy
-    // the agent verified, since the spec carries none (decision 0089-signed-copies). Only the
-    // manifests' plan reads these; the copies above were verified by their signatures.
+    // the agent verified (`verified`, by copy name), since the spec carries none (decision
+    // 0089-signed-copies). Only the manifests' plan reads these; the copies above were
+    // verified by their signatures.
     let mut options = opts.clone();
-    if options.rollout_on_copy_change && !copy_feature_disabled {
-        let verified: std::collections::BTreeMap<String, String> = ctx
-            .copies
-            .hashes(&name, &options.downstream_resources)
-            .await
-            .into_iter()
-            .collect();
+    if options.rollout_on_copy_change {
         for entry in &mut options.downstream_resources {
             if entry.hash.is_empty()
                 && let Some(hash) = verified.get(&entry.copy_name)
