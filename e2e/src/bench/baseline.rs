@@ -7,6 +7,10 @@
 //! ConfigMap and a ConfigMap as large as one BundleDeployment's spec per namespace; rotation
 //! server-side applies a changed Secret per namespace (N writes, like the hub since decision
 //! 0089-signed-copies).
+//!
+//! A hub rotation is timed by a metadata watch that waits for every copy's new content hash
+//! (`wait_all`); the rotation baseline is timed by the same kind of watch on its Secrets, so
+//! both phases pay the apiserver for one observer and end when the last change was seen.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -17,9 +21,11 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
+    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, PartialObjectMeta, Patch,
+    PatchParams, PostParams,
 };
-use kube::{Client, CustomResourceExt};
+use kube::runtime::watcher;
+use kube::{Client, CustomResourceExt, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tender_types::BundleDeployment;
@@ -30,6 +36,13 @@ use crate::{Pids, config_map, cpu_now, payload, secret};
 /// baseline's namespaces in flight.
 const IN_FLIGHT: usize = 16;
 const FIELD_MANAGER: &str = "tender-bench-baseline";
+/// Label selecting an observed baseline phase's Secrets (value: the phase), and the annotation
+/// the observer waits for (value: the content version), as the hub phase waits for each
+/// copy's content hash.
+const OBSERVED: &str = "bench.tender.dev/observed";
+const VERSION: &str = "bench.tender.dev/version";
+/// Longest an observed baseline phase may take.
+const OBSERVE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What one baseline phase cost.
 #[derive(Debug, Clone)]
@@ -101,13 +114,64 @@ where
         .await;
     results.into_iter().collect::<kube::Result<Vec<()>>>()?;
     let secs = start.elapsed().as_secs_f64();
+    Ok(tail(pids, &before, secs, writes_per_ns * n as u64).await)
+}
+
+/// The quiet tail every phase waits for, and the CPU spent since `before`.
+async fn tail(pids: &Pids, before: &[f64; 4], secs: f64, writes: u64) -> Baseline {
     tokio::time::sleep(Duration::from_secs(3) + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY).await;
     let after = cpu_now(pids);
-    Ok(Baseline {
+    Baseline {
         secs,
-        writes: writes_per_ns * n as u64,
+        writes,
         cpu: [0, 1, 2, 3].map(|i| after[i] - before[i]),
-    })
+    }
+}
+
+/// Like [`measure`], one Secret write per namespace, timed by a metadata watch on the Secrets
+/// labelled `OBSERVED=phase` until all N carry `VERSION=version` (the hub phases' observer).
+async fn measure_observed<F, Fut>(
+    admin: &Client,
+    pids: &Pids,
+    n: usize,
+    (phase, version): (&str, &str),
+    per_namespace: F,
+) -> Result<Baseline>
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = kube::Result<()>>,
+{
+    let before = cpu_now(pids);
+    let what = format!("baseline {phase}");
+    let start = Instant::now();
+    let seen = crate::wait_all(
+        &what,
+        Api::<PartialObjectMeta<Secret>>::all(admin.clone()),
+        watcher::Config::default().labels(&format!("{OBSERVED}={phase}")),
+        n,
+        start,
+        OBSERVE_TIMEOUT,
+        |m| m.annotations().get(VERSION).map(String::as_str) == Some(version),
+    );
+    let writes = async {
+        let results: Vec<_> = stream::iter((0..n).map(|i| per_namespace(namespace(i))))
+            .buffer_unordered(IN_FLIGHT)
+            .collect()
+            .await;
+        results.into_iter().collect::<kube::Result<Vec<()>>>()?;
+        Ok::<(), anyhow::Error>(())
+    };
+    let (secs, ()) = tokio::try_join!(seen, writes)?;
+    Ok(tail(pids, &before, secs, n as u64).await)
+}
+
+/// Marks `secret` as part of observed phase `phase` at content `version`.
+fn observed(mut secret: Secret, phase: &str, version: u32) -> Secret {
+    secret.labels_mut().insert(OBSERVED.into(), phase.into());
+    secret
+        .annotations_mut()
+        .insert(VERSION.into(), version.to_string());
+    secret
 }
 
 /// Fan-out baseline: per namespace, create a 3 KB Secret, a 3 KB ConfigMap and a ConfigMap of
@@ -118,7 +182,9 @@ pub async fn fan_out(admin: &Client, pids: &Pids, n: usize, bd_bytes: usize) -> 
         let config_maps: Api<ConfigMap> = Api::namespaced(admin.clone(), &ns);
         async move {
             let pp = PostParams::default();
-            secrets.create(&pp, &secret(1)).await?;
+            secrets
+                .create(&pp, &observed(secret(1), "rotation", 1))
+                .await?;
             config_maps.create(&pp, &config_map()).await?;
             config_maps
                 .create(&pp, &deployment_stand_in(1, bd_bytes))
@@ -130,19 +196,179 @@ pub async fn fan_out(admin: &Client, pids: &Pids, n: usize, bd_bytes: usize) -> 
 }
 
 /// Rotation baseline: per namespace, server-side apply the Secret with new data (N applies:
-/// what a plain copier writes, and since decision 0089-signed-copies what the hub writes).
-pub async fn rotation(admin: &Client, pids: &Pids, n: usize, _bd_bytes: usize) -> Result<Baseline> {
-    measure(pids, n, 1, |ns| {
+/// what a plain copier writes, and since decision 0089-signed-copies what the hub writes),
+/// timed and watched as the hub's rotation is.
+pub async fn rotation(admin: &Client, pids: &Pids, n: usize) -> Result<Baseline> {
+    measure_observed(admin, pids, n, ("rotation", "2"), |ns| {
         let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
         async move {
             let pp = PatchParams::apply(FIELD_MANAGER).force();
-            let mut s = secret(2);
+            let mut s = observed(secret(2), "rotation", 2);
             s.type_ = Some("Opaque".into());
             secrets.patch("creds", &pp, &Patch::Apply(&s)).await?;
             Ok(())
         }
     })
     .await
+}
+
+/// The same rotation unwatched (the baseline before it was observed): what the observer
+/// costs the apiserver, written back to version 1.
+pub async fn rotation_unobserved(admin: &Client, pids: &Pids, n: usize) -> Result<Baseline> {
+    measure(pids, n, 1, |ns| {
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+        async move {
+            let pp = PatchParams::apply(FIELD_MANAGER).force();
+            let mut s = observed(secret(1), "rotation", 1);
+            s.type_ = Some("Opaque".into());
+            secrets.patch("creds", &pp, &Patch::Apply(&s)).await?;
+            Ok(())
+        }
+    })
+    .await
+}
+
+/// A Secret shaped as the hub's copy `real` (its type, labels with the `tender.dev/` keys
+/// moved to `bench.tender.dev/` so no hub selects them, its annotations, an owner reference
+/// to the namespace's stand-in BundleDeployment, its field manager) holding `secret(version)`'s
+/// data, with the content-hash and signature annotations changed per version (same lengths).
+fn copy_shaped(real: &Secret, owner_uid: &str, version: u32) -> Secret {
+    let labels = real
+        .labels()
+        .iter()
+        .map(|(k, v)| (k.replace("tender.dev/", "bench.tender.dev/"), v.clone()))
+        .chain([(OBSERVED.to_string(), "copy".to_string())]);
+    let mut annotations = real.annotations().clone();
+    for key in [
+        tender_types::labels::CONTENT_HASH,
+        tender_types::labels::HUB_SIGNATURE,
+    ] {
+        if let Some(value) = annotations.get_mut(key) {
+            let mark = format!("{version:04}");
+            value.replace_range(
+                ..mark.len().min(value.len()),
+                &mark[..mark.len().min(value.len())],
+            );
+        }
+    }
+    annotations.insert(VERSION.into(), version.to_string());
+    let owner_references = real.owner_references().iter().map(|o| {
+        let mut o = o.clone();
+        o.name = "deployment".into();
+        o.uid = owner_uid.into();
+        o
+    });
+    Secret {
+        metadata: ObjectMeta {
+            name: Some("copy".into()),
+            labels: Some(labels.collect()),
+            annotations: Some(annotations),
+            owner_references: Some(owner_references.collect()),
+            ..Default::default()
+        },
+        type_: real.type_.clone(),
+        data: secret(version).data,
+        ..Default::default()
+    }
+}
+
+/// Where a rotation's apiserver cost goes beyond a plain Secret: N copy-shaped Secrets
+/// ([`copy_shaped`], one extra label: the observer's) created, then changed, by server-side
+/// apply with the hub's field manager, each watched as the hub's copies are; run after
+/// [`bundle_deployments`], whose stand-in BundleDeployments own them.
+pub async fn copy_anatomy(
+    admin: &Client,
+    pids: &Pids,
+    n: usize,
+    real: &Secret,
+) -> Result<Vec<(String, Baseline)>> {
+    let manager = real
+        .managed_fields()
+        .iter()
+        .find_map(|m| m.manager.clone())
+        .unwrap_or_else(|| FIELD_MANAGER.to_string());
+    let mut uids = BTreeMap::new();
+    for i in 0..n {
+        let ns = namespace(i);
+        let bd = Api::<BundleDeployment>::namespaced(admin.clone(), &ns)
+            .get("deployment")
+            .await?;
+        uids.insert(ns, bd.uid().unwrap_or_default());
+    }
+    let (uids, manager) = (&uids, &manager);
+    let mut out = Vec::new();
+    for (step, version) in [("create", 1), ("change", 2)] {
+        let b = measure_observed(admin, pids, n, ("copy", &version.to_string()), |ns| {
+            let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+            let body = copy_shaped(real, &uids[&ns], version);
+            async move {
+                let pp = PatchParams::apply(manager).force();
+                secrets.patch("copy", &pp, &Patch::Apply(&body)).await?;
+                Ok(())
+            }
+        })
+        .await?;
+        out.push((
+            format!("a Secret shaped as the hub's copy (labels, annotations, owner, manager), watched, apply ({step})"),
+            b,
+        ));
+    }
+    // The same change written other ways: what the write method costs, and the observer.
+    let merge = measure_observed(admin, pids, n, ("copy", "3"), |ns| {
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+        let body = copy_shaped(real, &uids[&ns], 3);
+        let patch = serde_json::json!({
+            "metadata": {"annotations": body.metadata.annotations},
+            "data": body.data,
+        });
+        async move {
+            let pp = PatchParams {
+                field_manager: Some(manager.clone()),
+                ..Default::default()
+            };
+            secrets.patch("copy", &pp, &Patch::Merge(&patch)).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    out.push((
+        "a Secret shaped as the hub's copy, watched, JSON merge patch of data and annotations (change)".into(),
+        merge,
+    ));
+    let replace = measure_observed(admin, pids, n, ("copy", "4"), |ns| {
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+        let mut body = copy_shaped(real, &uids[&ns], 4);
+        async move {
+            let live = secrets.get_metadata("copy").await?;
+            body.metadata.resource_version = live.resource_version();
+            let pp = PostParams {
+                field_manager: Some(manager.clone()),
+                ..Default::default()
+            };
+            secrets.replace("copy", &pp, &body).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    out.push((
+        "a Secret shaped as the hub's copy, watched, GET metadata + update (change)".into(),
+        replace,
+    ));
+    let unwatched = measure(pids, n, 1, |ns| {
+        let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+        let body = copy_shaped(real, &uids[&ns], 5);
+        async move {
+            let pp = PatchParams::apply(manager).force();
+            secrets.patch("copy", &pp, &Patch::Apply(&body)).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    out.push((
+        "a Secret shaped as the hub's copy, not watched, apply (change)".into(),
+        unwatched,
+    ));
+    Ok(out)
 }
 
 /// The BundleDeployment's own share: N server-side applies creating a real BundleDeployment

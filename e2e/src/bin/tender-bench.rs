@@ -823,13 +823,27 @@ async fn run_size(n: usize, k: usize, args: &Args) -> Result<Size> {
         &pids,
     ));
     if with_baseline {
-        baselines.push(baseline::rotation(&admin, &pids, n, bd_bytes).await?);
+        baselines.push(baseline::rotation(&admin, &pids, n).await?);
         let one = bds.list(&one_bd).await?;
         let rotated = one.items.first().context("no BundleDeployment")?;
         let (create, apply) =
             baseline::bundle_deployments(&admin, &pids, n, &first_bd, rotated).await?;
         baselines.extend([create, apply]);
         anatomy = baseline::write_anatomy(&admin, &pids, n, &first_bd, rotated).await?;
+        // Where a rotation's cost goes: the observer, and the copy's shape (#26).
+        anatomy.push((
+            "a plain Secret, apply (change), not watched (the baseline before 2026-12-02)".into(),
+            baseline::rotation_unobserved(&admin, &pids, n).await?,
+        ));
+        let real = Api::<Secret>::all(admin.clone())
+            .list(
+                &ListParams::default()
+                    .labels(&format!("{}={WORKSPACE}{copies}", labels::WORKSPACE))
+                    .limit(1),
+            )
+            .await?;
+        let real = real.items.first().context("no Secret copy")?;
+        anatomy.extend(baseline::copy_anatomy(&admin, &pids, n, real).await?);
     }
 
     // Idle: nothing changes; the hub must not write.
