@@ -198,12 +198,13 @@ pub async fn fan_out(admin: &Client, pids: &Pids, n: usize, bd_bytes: usize) -> 
 /// Rotation baseline: per namespace, server-side apply the Secret with new data (N applies:
 /// what a plain copier writes, and since decision 0089-signed-copies what the hub writes),
 /// timed and watched as the hub's rotation is.
-pub async fn rotation(admin: &Client, pids: &Pids, n: usize) -> Result<Baseline> {
-    measure_observed(admin, pids, n, ("rotation", "2"), |ns| {
+pub async fn rotation(admin: &Client, pids: &Pids, n: usize, version: u32) -> Result<Baseline> {
+    let v = version.to_string();
+    measure_observed(admin, pids, n, ("rotation", &v), |ns| {
         let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
         async move {
             let pp = PatchParams::apply(FIELD_MANAGER).force();
-            let mut s = observed(secret(2), "rotation", 2);
+            let mut s = observed(secret(version), "rotation", version);
             s.type_ = Some("Opaque".into());
             secrets.patch("creds", &pp, &Patch::Apply(&s)).await?;
             Ok(())
@@ -312,6 +313,50 @@ pub async fn copy_anatomy(
             format!("a Secret shaped as the hub's copy (labels, annotations, owner, manager), watched, apply ({step})"),
             b,
         ));
+    }
+    // The same copy without one part of its shape, created then changed: what each part costs.
+    type Strip = fn(&mut ObjectMeta);
+    let parts: [(&str, &str, Strip); 3] = [
+        ("copy-no-owner", "its owner reference", |m| {
+            m.owner_references = None
+        }),
+        ("copy-no-labels", "tender's labels", |m| {
+            if let Some(l) = m.labels.as_mut() {
+                l.retain(|k, _| k == OBSERVED);
+            }
+        }),
+        ("copy-no-annotations", "tender's annotations", |m| {
+            if let Some(a) = m.annotations.as_mut() {
+                a.retain(|k, _| k == VERSION);
+            }
+        }),
+    ];
+    for (name, part, strip) in parts {
+        let mut last = None;
+        for version in [1, 2] {
+            let b = measure_observed(admin, pids, n, (name, &version.to_string()), |ns| {
+                let secrets: Api<Secret> = Api::namespaced(admin.clone(), &ns);
+                let mut body = copy_shaped(real, &uids[&ns], version);
+                body.metadata.name = Some(name.into());
+                body.labels_mut().insert(OBSERVED.into(), name.into());
+                strip(&mut body.metadata);
+                async move {
+                    let pp = PatchParams::apply(manager).force();
+                    secrets.patch(name, &pp, &Patch::Apply(&body)).await?;
+                    Ok(())
+                }
+            })
+            .await?;
+            last = Some(b);
+        }
+        if let Some(b) = last {
+            out.push((
+                format!(
+                    "a Secret shaped as the hub's copy without {part}, watched, apply (change)"
+                ),
+                b,
+            ));
+        }
     }
     // The same change written other ways: what the write method costs, and the observer.
     let merge = measure_observed(admin, pids, n, ("copy", "3"), |ns| {

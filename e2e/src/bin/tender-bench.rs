@@ -118,6 +118,10 @@ struct Args {
     /// Rotations measured in `--agents` mode.
     #[arg(long, default_value_t = 20)]
     rotations: u32,
+    /// Hub sizes, after the idle window: this many more rotations, each followed by its
+    /// baseline, so the rotation ratio is a median over pairs (0: the first rotation only).
+    #[arg(long, default_value_t = 5)]
+    rotation_pairs: u32,
     /// Instead of the hub sizes: tender beside these peers on their own workloads
     /// (comma-separated: flux, kyverno), built from their Go modules on first use.
     #[arg(long, value_delimiter = ',')]
@@ -795,35 +799,43 @@ async fn run_size(n: usize, k: usize, args: &Args) -> Result<Size> {
     }
 
     // Rotation: only the Secret changes.
-    let before = snap(hub, &pids);
-    let start = Instant::now();
-    let patch = Patch::Merge(serde_json::json!({"data": secret(2).data}));
-    let rotated = secrets
-        .patch("creds", &PatchParams::default(), &patch)
-        .await?;
-    let s_hash = hash::secret_hash(&rotated);
-    // Signed copies (decision 0089-signed-copies): the rotation is the copies alone; the
-    // invariant below fails if any BundleDeployment is written.
-    let secs = wait_all(
-        "rotated Secret copies",
-        secret_copies,
-        in_ws(&copies),
-        nb,
-        start,
-        timeout,
-        |m| has_hash(m, &s_hash),
-    )
-    .await?;
-    settle(hub).await;
-    phases.push(Phase::new(
-        "rotation",
-        secs,
-        &before,
-        &snap(hub, &pids),
-        &pids,
-    ));
+    let rotate = |version: u32| {
+        let (secrets, secret_copies, config) =
+            (secrets.clone(), secret_copies.clone(), in_ws(&copies));
+        let pids = &pids;
+        async move {
+            let before = snap(hub, pids);
+            let start = Instant::now();
+            let patch = Patch::Merge(serde_json::json!({"data": secret(version).data}));
+            let rotated = secrets
+                .patch("creds", &PatchParams::default(), &patch)
+                .await?;
+            let s_hash = hash::secret_hash(&rotated);
+            // Signed copies (decision 0089-signed-copies): the rotation is the copies alone;
+            // the invariant below fails if any BundleDeployment is written.
+            let secs = wait_all(
+                "rotated Secret copies",
+                secret_copies,
+                config,
+                nb,
+                start,
+                timeout,
+                |m| has_hash(m, &s_hash),
+            )
+            .await?;
+            settle(hub).await;
+            Ok::<Phase, anyhow::Error>(Phase::new(
+                "rotation",
+                secs,
+                &before,
+                &snap(hub, pids),
+                pids,
+            ))
+        }
+    };
+    phases.push(rotate(2).await?);
     if with_baseline {
-        baselines.push(baseline::rotation(&admin, &pids, n).await?);
+        baselines.push(baseline::rotation(&admin, &pids, n, 2).await?);
         let one = bds.list(&one_bd).await?;
         let rotated = one.items.first().context("no BundleDeployment")?;
         let (create, apply) =
@@ -852,6 +864,19 @@ async fn run_size(n: usize, k: usize, args: &Args) -> Result<Size> {
     let secs = args.idle_seconds as f64;
     phases.push(Phase::new("idle", secs, &before, &snap(hub, &pids), &pids));
 
+    // Rotation pairs: one sample of a ratio on a shared machine moves by half of itself
+    // between runs; a median over pairs, each hub rotation beside its own baseline, does not.
+    let mut pairs = Vec::new();
+    if with_baseline {
+        for r in 0..args.rotation_pairs {
+            let hub_phase = rotate(3 + r).await?;
+            pairs.push((
+                hub_phase,
+                baseline::rotation(&admin, &pids, n, 3 + r).await?,
+            ));
+        }
+    }
+
     for p in &phases {
         p.print(n);
     }
@@ -872,6 +897,30 @@ async fn run_size(n: usize, k: usize, args: &Args) -> Result<Size> {
             "  write anatomy, {what}: {:.1} s, apiserver {:.2} ms/write",
             b.secs,
             ms_per_write(b.cpu[1], b.writes),
+        );
+    }
+    if !pairs.is_empty() {
+        let cpu: Vec<String> = pairs
+            .iter()
+            .map(|(p, b)| ratio(p.cpu[1], b.cpu[1]))
+            .collect();
+        println!(
+            "  rotation pairs, apiserver CPU hub / baseline: {} | median {} (with the first rotation) | wall median {}",
+            cpu.join(" "),
+            ratio(
+                pair_median(
+                    &phases[2],
+                    &baselines[1],
+                    &pairs,
+                    |x| x.cpu[1],
+                    |b| b.cpu[1]
+                ),
+                1.0
+            ),
+            ratio(
+                pair_median(&phases[2], &baselines[1], &pairs, |x| x.secs, |b| b.secs),
+                1.0
+            ),
         );
     }
     let (rotation, idle) = (&phases[2], &phases[3]);
@@ -895,6 +944,19 @@ async fn run_size(n: usize, k: usize, args: &Args) -> Result<Size> {
         rotation_line.clone(),
     );
     println!("  {rotation_line} {verdict}");
+    let off: Vec<u64> = pairs
+        .iter()
+        .map(|(p, _)| p.writes())
+        .filter(|w| *w != nb as u64)
+        .collect();
+    if !pairs.is_empty() {
+        let line = format!(
+            "rotation pairs: {} more rotations, every one {nb} writes (off: {off:?})",
+            pairs.len()
+        );
+        let verdict = check(off.is_empty(), line.clone());
+        println!("  {line} {verdict}");
+    }
     let idle_line = format!(
         "idle {} s: {} writes (expected 0)",
         args.idle_seconds,
@@ -916,9 +978,26 @@ async fn run_size(n: usize, k: usize, args: &Args) -> Result<Size> {
         rss_before,
         baselines,
         anatomy,
+        pairs,
         bd_bytes,
         failed,
     })
+}
+
+/// The median over the first rotation and every pair of `hub(phase) / base(baseline)`.
+fn pair_median(
+    first: &Phase,
+    first_baseline: &Baseline,
+    pairs: &[(Phase, Baseline)],
+    hub: impl Fn(&Phase) -> f64,
+    base: impl Fn(&Baseline) -> f64,
+) -> f64 {
+    let mut r: Vec<f64> = std::iter::once((first, first_baseline))
+        .chain(pairs.iter().map(|(p, b)| (p, b)))
+        .map(|(p, b)| hub(p) / base(b))
+        .collect();
+    r.sort_by(f64::total_cmp);
+    r[r.len() / 2]
 }
 
 /// One size's results.
@@ -938,6 +1017,8 @@ struct Size {
     baselines: Vec<Baseline>,
     /// The same spec written other ways (`baseline::write_anatomy`; empty without baseline).
     anatomy: Vec<(String, Baseline)>,
+    /// More rotations after the idle window, each beside its baseline (`--rotation-pairs`).
+    pairs: Vec<(Phase, Baseline)>,
     bd_bytes: usize,
     failed: Vec<String>,
 }
@@ -1037,6 +1118,17 @@ fn size_json(s: &Size) -> serde_json::Value {
         "write_anatomy": s.anatomy.iter().map(|(what, b)| serde_json::json!({
             "what": what, "seconds": b.secs, "writes": b.writes, "cpu_s": cpu_json(&b.cpu),
             "apiserver_ms_per_write": ms_per_write(b.cpu[1], b.writes)})).collect::<Vec<_>>(),
+        "rotation_pairs": s.pairs.iter().map(|(p, b)| serde_json::json!({
+            "hub": {"seconds": p.secs, "writes": p.writes(), "cpu_s": cpu_json(&p.cpu)},
+            "baseline": {"seconds": b.secs, "writes": b.writes, "cpu_s": cpu_json(&b.cpu)},
+            "ratio": {"wall": p.secs / b.secs, "apiserver_cpu": p.cpu[1] / b.cpu[1]},
+        })).collect::<Vec<_>>(),
+        "rotation_median_ratio": (!s.pairs.is_empty() && s.baselines.len() > 1).then(|| {
+            serde_json::json!({
+                "apiserver_cpu": pair_median(&s.phases[2], &s.baselines[1], &s.pairs, |x| x.cpu[1], |b| b.cpu[1]),
+                "wall": pair_median(&s.phases[2], &s.baselines[1], &s.pairs, |x| x.secs, |b| b.secs),
+            })
+        }),
     })
 }
 
