@@ -81,10 +81,12 @@ pub(crate) async fn sync_object(
         } => (ops, corrects_drift),
     };
     let mut applied: Option<Value> = None;
+    let mut wrote = false;
     for op in ops {
         let action = action(&op);
         match writer.execute(op).await {
             Ok(outcome) => {
+                wrote |= outcome.wrote;
                 if outcome.wrote {
                     for action in action {
                         ctx.metrics.written(action, &d.key.kind);
@@ -98,7 +100,9 @@ pub(crate) async fn sync_object(
             Err(e) => return error(unless_gone(ctx, d, &key, e.is_not_found(), message(&e)).await),
         }
     }
-    if corrects_drift {
+    // A write the memo skipped restored nothing: the cache only had not yet seen our own last
+    // write (a rotation's, under a slow watch), so it is not reported as drift.
+    if corrects_drift && wrote {
         ctx.metrics.drift(true);
         corrected.push(d.key.clone());
         tracing::info!(object = %d.key, "restored after downstream drift");
