@@ -307,7 +307,12 @@ impl TestEnv {
                     "--service-cluster-ip-range=10.96.0.0/24".into(),
                     "--endpoint-reconciler-type=none".into(),
                     "--enable-priority-and-fairness=false".into(),
-                    "--profiling=false".into(),
+                    // `TENDER_E2E_PROFILING=1` serves Go's /debug/pprof to system:masters, so a
+                    // benchmark can see where the apiserver's CPU goes.
+                    format!(
+                        "--profiling={}",
+                        std::env::var_os("TENDER_E2E_PROFILING").is_some_and(|v| v == "1")
+                    ),
                     "--enable-garbage-collector=true".into(),
                     // Every request of an identity under test, as JSON lines (crate::audit).
                     format!("--audit-policy-file={}", audit_policy.display()),

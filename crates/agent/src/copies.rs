@@ -3,8 +3,9 @@
 //! and the look-up of a copy the agent trusts: signed by the hub for exactly that entry
 //! (decision 0089-signed-copies).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
+use std::sync::Mutex;
 
 use futures::StreamExt;
 use futures::channel::mpsc::UnboundedSender;
@@ -31,7 +32,28 @@ pub(crate) struct HubCopies {
     registered: TrustedKeys,
     secrets: Store<Secret>,
     config_maps: Store<ConfigMap>,
+    /// What each copy version was found to be, so a reconcile that finds the same version
+    /// does not hash and verify it again (reconciles outnumber rotations three to one).
+    checked: Mutex<HashMap<CheckKey, Checked>>,
+    /// The trusted keys, by the resourceVersion of the key chain they were built from.
+    trust: Mutex<Option<(Option<String>, TrustedKeys)>>,
 }
+
+/// One entry of one BundleDeployment read from one kind's store: `(kind of the store,
+/// BundleDeployment, apiVersion, kind, name, copyName, hash in the spec)`.
+type CheckKey = (String, String, String, String, String, String, String);
+
+/// The verdict on one version of a copy: the object's uid and resourceVersion (one stored
+/// content), the keys trusted then, and the content hash and `signedAt`, or the failure.
+struct Checked {
+    version: (Option<String>, Option<String>),
+    trusted: Vec<String>,
+    verdict: Result<(String, u64), Failure>,
+}
+
+/// A bound on remembered verdicts (copies × BundleDeployments of one cluster); past it the
+/// memo starts again rather than keep verdicts of copies long gone.
+const CHECKED_MAX: usize = 4096;
 
 /// The write halves of the [`HubCopies`] stores, consumed by [`CopyFeeds::spawn`].
 pub(crate) struct CopyFeeds {
@@ -57,6 +79,8 @@ pub(crate) fn stores(
         registered,
         secrets,
         config_maps,
+        checked: Mutex::default(),
+        trust: Mutex::default(),
     };
     let feeds = CopyFeeds {
         upstream: None,
@@ -189,15 +213,23 @@ impl HubCopies {
     /// namespace endorses from them.
     fn trusted(&self) -> TrustedKeys {
         let key = KubeRef::new(names::HUB_KEYS_CONFIG_MAP).within(&self.namespace);
-        let chain: Option<KeyChain> = self
-            .config_maps
-            .get(&key)
+        let published = self.config_maps.get(&key);
+        let version = published.as_ref().and_then(|c| c.resource_version());
+        let mut trust = self.trust.lock().expect("trust");
+        if let Some((seen, keys)) = trust.as_ref()
+            && *seen == version
+        {
+            return keys.clone();
+        }
+        let chain: Option<KeyChain> = published
             .and_then(|c| c.data.as_ref()?.get(names::HUB_KEYS_KEY).cloned())
             .and_then(|json| serde_json::from_str(&json).ok());
-        match chain {
+        let keys = match chain {
             Some(chain) => self.registered.with_chain(&chain),
             None => self.registered.clone(),
-        }
+        };
+        *trust = Some((version, keys.clone()));
+        keys
     }
 
     /// The Secret and ConfigMap stores (reverse sync reads its placeholders from them).
@@ -299,38 +331,45 @@ impl HubCopies {
             + DeserializeOwned
             + Debug,
     {
+        let trusted = self.trusted();
+        let memo_key: CheckKey = (
+            K::kind(&()).into_owned(),
+            bd.to_string(),
+            entry.api_version().to_string(),
+            entry.kind.clone(),
+            entry.name.clone(),
+            entry.copy_name.clone(),
+            entry.hash.clone(),
+        );
+        let trusted_ids: Vec<String> = trusted.ids().map(str::to_string).collect();
+        // The same stored version under the same keys: the verdict reached before.
         let check = |k: &K| -> Result<Verified<K>, Failure> {
-            let hash = content_hash(k);
-            if !entry.hash.is_empty() {
-                return if hash == entry.hash {
-                    Ok(Verified {
-                        object: k.clone(),
-                        hash,
-                        signed_at: 0,
-                    })
-                } else {
-                    Err(Failure::Missing(format!(
-                        "copy {} on the hub does not match this deployment yet",
-                        entry.copy_name
-                    )))
-                };
+            let version = (k.uid(), k.resource_version());
+            if let Some(seen) = self.checked.lock().expect("checked").get(&memo_key)
+                && seen.version == version
+                && seen.version.1.is_some()
+                && seen.trusted == trusted_ids
+            {
+                return seen.verdict.clone().map(|(hash, signed_at)| Verified {
+                    object: k.clone(),
+                    hash,
+                    signed_at,
+                });
             }
-            let claim = CopyClaim {
-                cluster_namespace: &self.namespace,
-                bundle_deployment: bd,
-                api_version: entry.api_version(),
-                kind: &entry.kind,
-                name: &entry.name,
-                copy_name: &entry.copy_name,
-                content_hash: &hash,
-                signed_at: 0,
-            };
-            let signature = k.annotations().get(labels::HUB_SIGNATURE);
-            let signed_at = self
-                .trusted()
-                .verify(&claim, signature.map(String::as_str))
-                .map_err(Failure::Refused)?;
-            Ok(Verified {
+            let verdict = self.judge(k, bd, entry, content_hash, &trusted);
+            let mut checked = self.checked.lock().expect("checked");
+            if checked.len() >= CHECKED_MAX {
+                checked.clear();
+            }
+            checked.insert(
+                memo_key.clone(),
+                Checked {
+                    version,
+                    trusted: trusted_ids.clone(),
+                    verdict: verdict.clone(),
+                },
+            );
+            verdict.map(|(hash, signed_at)| Verified {
                 object: k.clone(),
                 hash,
                 signed_at,
@@ -356,10 +395,49 @@ impl HubCopies {
             ))),
         }
     }
+
+    /// Hashes copy `k` and checks it against `entry` of BundleDeployment `bd`: its hub
+    /// signature under `trusted` (or, from an older hub, the hash in the spec); the content
+    /// hash and `signedAt`.
+    fn judge<K: Resource>(
+        &self,
+        k: &K,
+        bd: &str,
+        entry: &CopiedResource,
+        content_hash: fn(&K) -> String,
+        trusted: &TrustedKeys,
+    ) -> Result<(String, u64), Failure> {
+        let hash = content_hash(k);
+        if !entry.hash.is_empty() {
+            return if hash == entry.hash {
+                Ok((hash, 0))
+            } else {
+                Err(Failure::Missing(format!(
+                    "copy {} on the hub does not match this deployment yet",
+                    entry.copy_name
+                )))
+            };
+        }
+        let claim = CopyClaim {
+            cluster_namespace: &self.namespace,
+            bundle_deployment: bd,
+            api_version: entry.api_version(),
+            kind: &entry.kind,
+            name: &entry.name,
+            copy_name: &entry.copy_name,
+            content_hash: &hash,
+            signed_at: 0,
+        };
+        let signature = k.annotations().get(labels::HUB_SIGNATURE);
+        let signed_at = trusted
+            .verify(&claim, signature.map(String::as_str))
+            .map_err(Failure::Refused)?;
+        Ok((hash, signed_at))
+    }
 }
 
 /// Why a copy is not deployed.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) enum Failure {
     /// Not there (yet), or not readable.
     Missing(String),
@@ -374,5 +452,151 @@ impl Failure {
             Self::Missing(msg) => ObjectStatus::new(key, ObjectState::Missing, Some(msg)),
             Self::Refused(r) => ObjectStatus::new(key, ObjectState::Error, Some(r.to_string())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::ByteString;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::runtime::watcher::Event;
+    use ring::rand::SystemRandom;
+    use ring::signature::Ed25519KeyPair;
+    use tender_types::conditions::reason;
+    use tender_types::signing::HubKey;
+
+    const NS: &str = "cluster-ws-c1-12345678";
+    const COPY: &str = "app-secret-creds";
+
+    fn key() -> HubKey {
+        let doc = Ed25519KeyPair::generate_pkcs8(&SystemRandom::new()).unwrap();
+        HubKey::from_pkcs8(doc.as_ref()).unwrap()
+    }
+
+    fn entry() -> CopiedResource {
+        CopiedResource {
+            api_version: None,
+            kind: "Secret".into(),
+            name: "creds".into(),
+            copy_name: COPY.into(),
+            hash: String::new(),
+        }
+    }
+
+    /// Copy version `rv` holding `password`, with `key`'s signature over `signed` (the
+    /// password the hub copied; another one is an edit on the hub by someone else).
+    fn copy(key: &HubKey, rv: &str, password: &str, signed: &str) -> Secret {
+        let body = |p: &str| Secret {
+            metadata: ObjectMeta {
+                name: Some(COPY.into()),
+                namespace: Some(NS.into()),
+                uid: Some("uid-1".into()),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            data: Some([("password".to_string(), ByteString(p.into()))].into()),
+            ..Default::default()
+        };
+        let content_hash = hash::secret_hash(&body(signed));
+        let signature = key.sign(&CopyClaim {
+            cluster_namespace: NS,
+            bundle_deployment: "app",
+            api_version: "v1",
+            kind: "Secret",
+            name: "creds",
+            copy_name: COPY,
+            content_hash: &content_hash,
+            signed_at: 7,
+        });
+        let mut s = body(password);
+        s.metadata.annotations = Some([(labels::HUB_SIGNATURE.to_string(), signature)].into());
+        s
+    }
+
+    /// The copy the hub's apiserver holds, for the read the agent makes before refusing one.
+    type OnHub = std::sync::Arc<Mutex<Option<Secret>>>;
+
+    fn copies(registered: &HubKey, on_hub: &OnHub) -> (HubCopies, CopyFeeds) {
+        let on_hub = on_hub.clone();
+        let apiserver = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            let body = serde_json::to_vec(&*on_hub.lock().unwrap()).unwrap();
+            async move {
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(200)
+                        .body(kube::client::Body::from(body))
+                        .unwrap(),
+                )
+            }
+        });
+        let trusted = TrustedKeys::parse(&registered.public_key()).unwrap();
+        stores(Client::new(apiserver, NS), NS, trusted)
+    }
+
+    async fn verdict(copies: &HubCopies) -> Result<u64, String> {
+        copies
+            .verified(&copies.secrets, "app", &entry(), hash::secret_hash)
+            .await
+            .map(|v| v.signed_at)
+            .map_err(|f| match f {
+                Failure::Refused(r) => r.reason.to_string(),
+                Failure::Missing(m) => m,
+            })
+    }
+
+    #[tokio::test]
+    async fn each_stored_version_is_judged_once_and_a_new_one_again() {
+        let hub_key = key();
+        let on_hub = OnHub::default();
+        let (copies, mut feeds) = copies(&hub_key, &on_hub);
+        let mut put = |s: Secret| {
+            *on_hub.lock().unwrap() = Some(s.clone());
+            feeds.secrets.apply_watcher_event(&Event::Apply(s));
+        };
+
+        put(copy(&hub_key, "1", "one", "one"));
+        assert_eq!(verdict(&copies).await, Ok(7));
+        // Edited on the hub by someone else: a new version, judged again and refused.
+        put(copy(&hub_key, "2", "edited", "one"));
+        assert_eq!(
+            verdict(&copies).await,
+            Err(reason::COPY_SIGNATURE_INVALID.to_string())
+        );
+        // The hub's next write is trusted again.
+        put(copy(&hub_key, "3", "two", "two"));
+        assert_eq!(verdict(&copies).await, Ok(7));
+        // The same version is not hashed again: content that could only differ under the
+        // same resourceVersion in a test keeps the verdict of that version.
+        put(copy(&hub_key, "3", "edited", "two"));
+        assert_eq!(verdict(&copies).await, Ok(7));
+    }
+
+    #[tokio::test]
+    async fn a_verdict_is_not_reused_for_other_keys_or_another_entry() {
+        let hub_key = key();
+        let on_hub = OnHub::default();
+        let (copies, mut feeds) = copies(&key(), &on_hub);
+        let mut put = |s: Secret| {
+            *on_hub.lock().unwrap() = Some(s.clone());
+            feeds.secrets.apply_watcher_event(&Event::Apply(s));
+        };
+        put(copy(&hub_key, "1", "one", "one"));
+        assert_eq!(
+            verdict(&copies).await,
+            Err(reason::HUB_KEY_UNKNOWN.to_string())
+        );
+        // The same version for another BundleDeployment's claim: judged on its own.
+        let other = copies
+            .verified(&copies.secrets, "other", &entry(), hash::secret_hash)
+            .await;
+        assert!(matches!(other, Err(Failure::Refused(_))));
+        // Trusted keys changing (a published chain) re-judges the same version.
+        let trusting = HubCopies {
+            registered: TrustedKeys::parse(&hub_key.public_key()).unwrap(),
+            trust: Mutex::default(),
+            ..copies
+        };
+        assert_eq!(verdict(&trusting).await, Ok(7));
     }
 }

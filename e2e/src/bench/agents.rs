@@ -57,6 +57,16 @@ pub(crate) fn observe(
     seen: Seen,
 ) -> JoinHandle<()> {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    observe_where(client, downstream, config, seen)
+}
+
+/// Like [`observe`], for the Secrets `config` selects, keyed `<prefix>/<namespace>`.
+pub(crate) fn observe_where(
+    client: Client,
+    downstream: String,
+    config: watcher::Config,
+    seen: Seen,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut events = watcher(Api::<Secret>::all(client), config)
             .default_backoff()
@@ -176,6 +186,21 @@ pub(crate) fn show(what: &str, p: &Value) {
     println!(
         "  {what:<6} latency over {} copies: p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         p["samples"],
+        p["p50_ms"].as_f64().unwrap_or(0.0),
+        p["p95_ms"].as_f64().unwrap_or(0.0),
+        p["p99_ms"].as_f64().unwrap_or(0.0),
+        p["max_ms"].as_f64().unwrap_or(0.0)
+    );
+}
+
+/// How long a rotation's hub copies may trail its downstream ones in the figures (never:
+/// a downstream copy is made from its hub copy; this only bounds a lagging observer).
+const HUB_LAG: Duration = Duration::from_secs(5);
+
+/// The hub's part of a rotation: from the source write to each hub copy seen changed.
+fn show_hub(what: &str, p: &Value) {
+    println!(
+        "  {what:<6} hub copies written: p50 {:.0} ms, p95 {:.0} ms, p99 {:.0} ms, max {:.0} ms",
         p["p50_ms"].as_f64().unwrap_or(0.0),
         p["p95_ms"].as_f64().unwrap_or(0.0),
         p["p99_ms"].as_f64().unwrap_or(0.0),
@@ -414,6 +439,28 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     let app_keys: Vec<String> = (0..n)
         .map(|i| format!("{}/app-{i:05}", downstream_of(i)))
         .collect();
+    // And of the copies on the hub (tender's by the Bundle namespace label, the relay's by
+    // name): how much of a rotation's latency is the hub's fan-out, how much the agents'.
+    let hub_seen: Seen = Arc::default();
+    let tender_copies = watcher::Config::default().labels(&format!(
+        "{}={WORKSPACE}",
+        tender_types::labels::BUNDLE_NAMESPACE
+    ));
+    let relay_copies = watcher::Config::default().fields("metadata.name=creds");
+    let hub_observers = [
+        observe_where(
+            admin.clone(),
+            "tender".into(),
+            tender_copies,
+            hub_seen.clone(),
+        ),
+        observe_where(
+            admin.clone(),
+            "relay".into(),
+            relay_copies,
+            hub_seen.clone(),
+        ),
+    ];
     let relay_keys: Vec<String> = (0..n)
         .map(|i| format!("{}/relay-{i:05}", downstream_of(i)))
         .collect();
@@ -551,7 +598,21 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     // Rotations through tender.
     let per_rotation = Duration::from_secs(120);
     let mut tender_lat = Vec::new();
+    let mut tender_hub_lat = Vec::new();
     let mut tender_missing = 0;
+    let tender_hub_keys: Vec<String> = {
+        let seen = hub_seen.lock().expect("seen lock");
+        seen.keys()
+            .filter(|k| k.starts_with("tender/"))
+            .cloned()
+            .collect()
+    };
+    if tender_hub_keys.len() != n {
+        bail!(
+            "{} copies of creds seen on the hub for {n} clusters",
+            tender_hub_keys.len()
+        );
+    }
     // What each BundleDeployment status write of the rotations moved, to name the writes
     // beyond one per cluster and rotation.
     let bd_moves = StatusMoves::watch_bundle_deployments(Api::all(admin.clone()));
@@ -569,6 +630,8 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         let (lat, missing) = wait_version(&seen, &app_keys, v, start, per_rotation).await;
         tender_missing += missing;
         tender_lat.extend(lat);
+        let (lat, _) = wait_version(&hub_seen, &tender_hub_keys, v, start, HUB_LAG).await;
+        tender_hub_lat.extend(lat);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let after = cpu_now(&pids);
@@ -605,9 +668,12 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         t_all.elapsed().as_secs_f64()
     );
     show("tender", &p);
+    let hub_p = percentiles(tender_hub_lat);
+    show_hub("tender", &hub_p);
     out.insert(
         "tender".into(),
-        json!({"rotations": args.rotations, "latency": p, "missing": tender_missing,
+        json!({"rotations": args.rotations, "latency": p, "hub_copy_latency": hub_p,
+               "missing": tender_missing,
                "hub_apiserver_cpu_s": tender_cpu, "bench_cpu_s": after[0] - before[0],
                "hub_requests": hub_delta, "agent_requests": agents_delta,
                "bundle_deployment_status_changes": bd_shapes.iter().take(10)
@@ -637,7 +703,9 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut relay_lat = Vec::new();
+    let mut relay_hub_lat = Vec::new();
     let mut relay_missing = 0;
+    let relay_hub_keys: Vec<String> = (0..n).map(|i| format!("relay/relay-{i:05}")).collect();
     let before = cpu_now(&pids);
     let t_all = Instant::now();
     for r in 0..args.rotations {
@@ -650,6 +718,8 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         let (lat, missing) = wait_version(&seen, &relay_keys, v, start, per_rotation).await;
         relay_missing += missing;
         relay_lat.extend(lat);
+        let (lat, _) = wait_version(&hub_seen, &relay_hub_keys, v, start, HUB_LAG).await;
+        relay_hub_lat.extend(lat);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let after = cpu_now(&pids);
@@ -661,6 +731,8 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         t_all.elapsed().as_secs_f64()
     );
     show("relay", &q);
+    let relay_hub_p = percentiles(relay_hub_lat);
+    show_hub("relay", &relay_hub_p);
     let ratio = |k: &str| {
         let (a, b) = (p[k].as_f64().unwrap_or(0.0), q[k].as_f64().unwrap_or(0.0));
         if b > 0.0 { a / b } else { 0.0 }
@@ -679,11 +751,12 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     );
     out.insert(
         "relay".into(),
-        json!({"rotations": args.rotations, "latency": q, "missing": relay_missing,
+        json!({"rotations": args.rotations, "latency": q, "hub_copy_latency": relay_hub_p,
+               "missing": relay_missing,
                "hub_apiserver_cpu_s": relay_cpu, "bench_cpu_s": after[0] - before[0]}),
     );
 
-    for t in relay.into_iter().chain(observers) {
+    for t in relay.into_iter().chain(observers).chain(hub_observers) {
         t.abort();
     }
     for a in agents {
