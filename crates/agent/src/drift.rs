@@ -135,6 +135,7 @@ impl DriftWatches {
                 ));
             };
             while let Some(event) = events.next().await {
+                let changed = matches!(event, Ok(Event::Apply(_)));
                 let obj = match event {
                     Ok(Event::Apply(o) | Event::InitApply(o) | Event::Delete(o)) => o,
                     Ok(Event::InitDone) => {
@@ -181,7 +182,15 @@ impl DriftWatches {
                     obj.metadata.namespace.as_deref(),
                     obj.metadata.name.as_deref().unwrap_or_default(),
                 );
-                memo_owner.memo().forget(&key);
+                if changed {
+                    // The echo of our own write wakes nobody: the reconcile that wrote it
+                    // already reported what the cache now shows.
+                    if memo_owner.memo().echo(&key, obj.metadata.resource_version.as_deref()) {
+                        continue;
+                    }
+                } else {
+                    memo_owner.memo().forget(&key);
+                }
                 if let Some(owner) = owner_of(&obj, &cluster_namespace) {
                     let _ = trigger.unbounded_send(owner);
                 }

@@ -8,6 +8,7 @@ use futures::StreamExt;
 use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams};
+use kube::runtime::PredicateConfig;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef as KubeRef};
@@ -79,7 +80,8 @@ pub(crate) async fn run(
         bd_writer,
         tender_runtime::watch::watcher(ctx.bds.clone(), watcher::Config::default()),
     )
-    .applied_objects();
+    .applied_objects()
+    .predicate_filter(beyond_status, PredicateConfig::default());
     let controller = Controller::for_stream(bd_stream, bd_store)
         .with_config(ControllerConfig::default().concurrency(ctx.config.concurrency))
         .reconcile_on(triggers)
@@ -262,5 +264,54 @@ fn report_startup_failure(ctx: &Context, failure: &Failure, retry_in: std::time:
         tracing::error!(%error, reason = reason::HUB_ACCESS_LOST, cause = error.reason(), cluster = %ctx.config.cluster_name, ?retry_in, "the hub does not accept this agent (its Cluster was deleted, its access revoked or its token expired): nothing is deleted downstream; register the cluster again (tender cluster add) and replace the hub kubeconfig");
     } else {
         tracing::warn!(%error, reason = error.reason(), ?retry_in, "agent start-up (namespace, hub list, sweep) failed; retrying");
+    }
+}
+
+/// What wakes the BundleDeployment controller: anything but the status and the bookkeeping
+/// every write moves. The status is this agent's own report (and the upstream reporter's
+/// entries): its echo would only run a reconcile that finds nothing to do, once per cluster
+/// and rotation.
+fn beyond_status(bd: &BundleDeployment) -> Option<u64> {
+    let mut meta = bd.metadata.clone();
+    meta.resource_version = None;
+    meta.managed_fields = None;
+    let json = serde_json::to_vec(&(&meta, &bd.spec)).ok()?;
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&json, &mut hasher);
+    Some(std::hash::Hasher::finish(&hasher))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::beyond_status;
+    use tender_types::{BundleDeployment, BundleDeploymentSpec, BundleDeploymentStatus};
+
+    #[test]
+    fn only_a_status_write_leaves_the_controller_asleep() {
+        let mut bd = BundleDeployment::new("app", BundleDeploymentSpec::default());
+        bd.metadata.resource_version = Some("1".into());
+        let before = beyond_status(&bd);
+        // The agent's own report: a new status, a new resourceVersion, new managed fields.
+        let mut reported = bd.clone();
+        reported.status = Some(BundleDeploymentStatus {
+            applied_copies_id: Some("x".into()),
+            ..Default::default()
+        });
+        reported.metadata.resource_version = Some("2".into());
+        reported.metadata.managed_fields = Some(Vec::new());
+        assert_eq!(beyond_status(&reported), before);
+        // The hub's spec, a label, or the deletion: each wakes it.
+        let mut spec = bd.clone();
+        spec.spec.deployment_id = "d2".into();
+        assert_ne!(beyond_status(&spec), before);
+        let mut labelled = bd.clone();
+        labelled.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert_ne!(beyond_status(&labelled), before);
+        let mut deleted = bd.clone();
+        deleted.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_ne!(beyond_status(&deleted), before);
     }
 }

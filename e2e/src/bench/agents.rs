@@ -4,7 +4,10 @@
 //! and one downstream namespace per cluster; the CRD allows 100 targets), then rotations of a copied Secret with the
 //! end-to-end latency from the source write to each downstream copy observed changed, beside a
 //! minimal relay in the same run (one fan-out task writing N hub copies, one task per cluster
-//! watching its hub copy and applying it downstream).
+//! watching its hub copy and applying it downstream), then the same relay reporting: after each
+//! downstream apply it also writes one status per cluster, what tender's agents reported, into
+//! a custom resource of the BundleDeployment schema (the one write per cluster and rotation
+//! tender keeps, issue 26).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -14,7 +17,8 @@ use anyhow::{Context, Result, bail};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Client;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 use tender_e2e::agent_harness::{AgentHandle, start_agent};
@@ -243,10 +247,40 @@ pub(crate) async fn create_namespaces(client: &Client, names: Vec<String>) -> Re
     Ok(())
 }
 
+/// What a reporting relay writes after each downstream apply: the status of `relay-<i>/creds`,
+/// a custom resource of tender's BundleDeployment schema under the bench group, holding
+/// `status` (a BundleDeployment status tender's agents wrote in the same run) with
+/// `appliedCopiesID` and the `Deployed` message moved to the copy's version: the one write per
+/// cluster and rotation issue 26 keeps, as tender's agent makes it.
+struct Report {
+    resource: ApiResource,
+    status: Value,
+}
+
+/// The status `report` holds for the hub copy at resourceVersion `version`.
+fn report_body(report: &Report, version: &str) -> Value {
+    let mut status = report.status.clone();
+    status["appliedCopiesID"] = json!(format!("relay-{version}"));
+    if let Some(conditions) = status["conditions"].as_array_mut() {
+        for c in conditions.iter_mut().filter(|c| c["type"] == "Deployed") {
+            c["message"] = json!(format!("deployment relay-{version} applied downstream"));
+        }
+    }
+    json!({
+        "apiVersion": report.resource.api_version, "kind": report.resource.kind,
+        "metadata": {"name": "creds"}, "status": status,
+    })
+}
+
 /// The relay: a fan-out task that writes the source's data into `relay-<i>/creds` on the hub
 /// for every cluster whenever the source changes, and one task per cluster that applies its
-/// hub copy to `relay-<i>/creds` downstream.
-fn start_relay(hub: Client, downs: &HashMap<String, Client>, n: usize) -> Vec<JoinHandle<()>> {
+/// hub copy to `relay-<i>/creds` downstream (and, with `report`, then writes its status).
+fn start_relay(
+    hub: Client,
+    downs: &HashMap<String, Client>,
+    n: usize,
+    report: Option<Arc<Report>>,
+) -> Vec<JoinHandle<()>> {
     let pp = PatchParams::apply(RELAY_MANAGER).force();
     let mut tasks = Vec::new();
     let (hub_fan, pp_fan) = (hub.clone(), pp.clone());
@@ -288,6 +322,10 @@ fn start_relay(hub: Client, downs: &HashMap<String, Client>, n: usize) -> Vec<Jo
         let hub_copy: Api<Secret> = Api::namespaced(hub.clone(), &ns);
         let down: Api<Secret> = Api::namespaced(downs[&downstream_of(i)].clone(), &ns);
         let pp = pp.clone();
+        let report = report.clone().map(|r| {
+            let api: Api<DynamicObject> = Api::namespaced_with(hub.clone(), &ns, &r.resource);
+            (r, api)
+        });
         tasks.push(tokio::spawn(async move {
             let config = watcher::Config::default().fields("metadata.name=creds");
             let mut events = watcher(hub_copy, config)
@@ -296,15 +334,161 @@ fn start_relay(hub: Client, downs: &HashMap<String, Client>, n: usize) -> Vec<Jo
                 .boxed();
             while let Some(item) = events.next().await {
                 let Ok(s) = item else { continue };
+                let version = s.metadata.resource_version.clone().unwrap_or_default();
                 let mut copy = secret(0);
                 copy.data = s.data;
                 if let Err(e) = down.patch("creds", &pp, &Patch::Apply(&copy)).await {
                     eprintln!("relay {ns}: {e}");
+                    continue;
+                }
+                if let Some((report, api)) = &report {
+                    let body = report_body(report, &version);
+                    if let Err(e) = api.patch_status("creds", &pp, &Patch::Apply(&body)).await {
+                        eprintln!("relay {ns} report: {e}");
+                    }
                 }
             }
         }));
     }
     tasks
+}
+
+/// The relay's copies: downstream (`downstream/relay-<i>`) and on the hub (`relay/relay-<i>`).
+struct RelayKeys<'a> {
+    downstream: &'a [String],
+    hub: &'a [String],
+}
+
+/// One relay phase's figures.
+struct RelayRun {
+    rotations: u32,
+    secs: f64,
+    latency: Value,
+    hub_latency: Value,
+    missing: usize,
+    hub_apiserver_cpu: f64,
+    bench_cpu: f64,
+}
+
+impl RelayRun {
+    /// Prints the phase beside tender's latency `tender` and hub apiserver CPU.
+    fn show(&self, what: &str, tender: &Value, tender_cpu: f64) {
+        println!(
+            "  {} rotations through the {what} in {:.1} s, hub apiserver CPU {:.1} s, {} copies missed",
+            self.rotations, self.secs, self.hub_apiserver_cpu, self.missing
+        );
+        show(what, &self.latency);
+        show_hub(what, &self.hub_latency);
+        let ratio = |k: &str| {
+            let (a, b) = (
+                tender[k].as_f64().unwrap_or(0.0),
+                self.latency[k].as_f64().unwrap_or(0.0),
+            );
+            if b > 0.0 { a / b } else { 0.0 }
+        };
+        println!(
+            "  tender / {what}: p50 x{:.2}, p95 x{:.2}, p99 x{:.2}, max x{:.2}; hub apiserver CPU x{:.2}",
+            ratio("p50_ms"),
+            ratio("p95_ms"),
+            ratio("p99_ms"),
+            ratio("max_ms"),
+            if self.hub_apiserver_cpu > 0.0 {
+                tender_cpu / self.hub_apiserver_cpu
+            } else {
+                0.0
+            }
+        );
+    }
+
+    fn json(&self) -> Value {
+        json!({"rotations": self.rotations, "latency": self.latency,
+               "hub_copy_latency": self.hub_latency, "missing": self.missing,
+               "hub_apiserver_cpu_s": self.hub_apiserver_cpu, "bench_cpu_s": self.bench_cpu})
+    }
+}
+
+/// `args.rotations` rotations of the relay's source, versions `first`…, each waited for.
+async fn relay_rotations(
+    args: &Args,
+    sources: &Api<Secret>,
+    seen: &Seen,
+    hub_seen: &Seen,
+    keys: &RelayKeys<'_>,
+    pids: &Pids,
+    first: u32,
+) -> Result<RelayRun> {
+    let per_rotation = Duration::from_secs(120);
+    let (mut lat_all, mut hub_all, mut missing_all) = (Vec::new(), Vec::new(), 0);
+    let before = cpu_now(pids);
+    let t_all = Instant::now();
+    for r in 0..args.rotations {
+        let v = first + r;
+        let start = Instant::now();
+        let patch = Patch::Merge(json!({"data": secret(v).data}));
+        sources
+            .patch(RELAY_SOURCE, &PatchParams::default(), &patch)
+            .await?;
+        let (lat, missing) = wait_version(seen, keys.downstream, v, start, per_rotation).await;
+        missing_all += missing;
+        lat_all.extend(lat);
+        let (lat, _) = wait_version(hub_seen, keys.hub, v, start, HUB_LAG).await;
+        hub_all.extend(lat);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let after = cpu_now(pids);
+    Ok(RelayRun {
+        rotations: args.rotations,
+        secs: t_all.elapsed().as_secs_f64(),
+        latency: percentiles(lat_all),
+        hub_latency: percentiles(hub_all),
+        missing: missing_all,
+        hub_apiserver_cpu: after[1] - before[1],
+        bench_cpu: after[0] - before[0],
+    })
+}
+
+/// The reporting relay's custom resource: the kind `RelayReport` of tender's BundleDeployment
+/// schema under the bench group, one `relay-<i>/creds` holding a BundleDeployment's spec, and
+/// the status tender's agents wrote to that BundleDeployment.
+async fn reporting_setup(admin: &Client, n: usize) -> Result<Report> {
+    const KIND: &str = "RelayReport";
+    crate::install_crd(admin, &crate::baseline::variant_crd(KIND)?).await?;
+    // A new group takes a moment to reach discovery in every apiserver handler.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(crate::baseline::ANATOMY_GROUP, "v1alpha1", KIND),
+        &format!("{}s", KIND.to_lowercase()),
+    );
+    let bds: Api<BundleDeployment> = Api::all(admin.clone());
+    let sample = bds
+        .list(&kube::api::ListParams::default().limit(1))
+        .await?
+        .items
+        .into_iter()
+        .next()
+        .context("no BundleDeployment to take the reported status from")?;
+    let status = serde_json::to_value(sample.status.context("a BundleDeployment without status")?)?;
+    let body = json!({
+        "apiVersion": resource.api_version, "kind": KIND,
+        "metadata": {"name": "creds"}, "spec": sample.spec,
+    });
+    let pp = PatchParams::apply(RELAY_MANAGER).force();
+    let creates = (0..n).map(|i| {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(admin.clone(), &format!("relay-{i:05}"), &resource);
+        let (body, pp) = (body.clone(), pp.clone());
+        async move {
+            api.patch("creds", &pp, &Patch::Apply(&body))
+                .await
+                .map(|_| ())
+        }
+    });
+    let results: Vec<_> = stream::iter(creates)
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    results.into_iter().collect::<kube::Result<Vec<()>>>()?;
+    Ok(Report { resource, status })
 }
 
 /// Targets per Bundle: the CRD allows at most 100.
@@ -693,7 +877,7 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
     for (d, names) in relay_ns {
         create_namespaces(&downs[&d], names).await?;
     }
-    let relay = start_relay(admin.clone(), &downs, n);
+    let relay = start_relay(admin.clone(), &downs, n, None);
     let mut src = secret(1);
     src.metadata.name = Some(RELAY_SOURCE.into());
     sources.create(&pp, &src).await?;
@@ -702,59 +886,46 @@ pub async fn run(n: usize, args: &Args) -> Result<Value> {
         bail!("relay: {missing} of {n} downstream copies missing after {timeout:?}");
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let mut relay_lat = Vec::new();
-    let mut relay_hub_lat = Vec::new();
-    let mut relay_missing = 0;
     let relay_hub_keys: Vec<String> = (0..n).map(|i| format!("relay/relay-{i:05}")).collect();
-    let before = cpu_now(&pids);
-    let t_all = Instant::now();
-    for r in 0..args.rotations {
-        let v = 2 + r;
-        let start = Instant::now();
-        let patch = Patch::Merge(json!({"data": secret(v).data}));
-        sources
-            .patch(RELAY_SOURCE, &PatchParams::default(), &patch)
-            .await?;
-        let (lat, missing) = wait_version(&seen, &relay_keys, v, start, per_rotation).await;
-        relay_missing += missing;
-        relay_lat.extend(lat);
-        let (lat, _) = wait_version(&hub_seen, &relay_hub_keys, v, start, HUB_LAG).await;
-        relay_hub_lat.extend(lat);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-    let after = cpu_now(&pids);
-    let relay_cpu = after[1] - before[1];
-    let q = percentiles(relay_lat);
-    println!(
-        "  {} rotations through the relay in {:.1} s, hub apiserver CPU {relay_cpu:.1} s, {relay_missing} copies missed",
-        args.rotations,
-        t_all.elapsed().as_secs_f64()
-    );
-    show("relay", &q);
-    let relay_hub_p = percentiles(relay_hub_lat);
-    show_hub("relay", &relay_hub_p);
-    let ratio = |k: &str| {
-        let (a, b) = (p[k].as_f64().unwrap_or(0.0), q[k].as_f64().unwrap_or(0.0));
-        if b > 0.0 { a / b } else { 0.0 }
+    let keys = RelayKeys {
+        downstream: &relay_keys,
+        hub: &relay_hub_keys,
     };
-    println!(
-        "  tender / relay: p50 x{:.2}, p95 x{:.2}, p99 x{:.2}, max x{:.2}; hub apiserver CPU x{:.2}",
-        ratio("p50_ms"),
-        ratio("p95_ms"),
-        ratio("p99_ms"),
-        ratio("max_ms"),
-        if relay_cpu > 0.0 {
-            tender_cpu / relay_cpu
-        } else {
-            0.0
+    let plain = relay_rotations(args, &sources, &seen, &hub_seen, &keys, &pids, 2).await?;
+    plain.show("relay", &p, tender_cpu);
+    out.insert("relay".into(), plain.json());
+    for t in relay {
+        t.abort();
+    }
+
+    // The relay again, now also writing one status per cluster and rotation into a custom
+    // resource of tender's BundleDeployment schema, holding what tender's agents report.
+    let report = Arc::new(reporting_setup(&admin, n).await?);
+    let relay = start_relay(admin.clone(), &downs, n, Some(report.clone()));
+    // Each relay task reports the copy it finds at start: wait for the n first reports.
+    let reports: Api<DynamicObject> = Api::all_with(admin.clone(), &report.resource);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let listed = reports.list(&kube::api::ListParams::default()).await?;
+        let reported = listed
+            .items
+            .iter()
+            .filter(|o| o.data.get("status").is_some())
+            .count();
+        if reported == n {
+            break;
         }
-    );
-    out.insert(
-        "relay".into(),
-        json!({"rotations": args.rotations, "latency": q, "hub_copy_latency": relay_hub_p,
-               "missing": relay_missing,
-               "hub_apiserver_cpu_s": relay_cpu, "bench_cpu_s": after[0] - before[0]}),
-    );
+        if Instant::now() > deadline {
+            bail!("reporting relay: {reported} of {n} first reports after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let first = 2 + args.rotations;
+    let reporting = relay_rotations(args, &sources, &seen, &hub_seen, &keys, &pids, first).await?;
+    reporting.show("reporting relay", &p, tender_cpu);
+    out.insert("reporting_relay".into(), reporting.json());
+    let relay_missing = plain.missing + reporting.missing;
 
     for t in relay.into_iter().chain(observers).chain(hub_observers) {
         t.abort();

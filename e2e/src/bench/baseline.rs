@@ -465,7 +465,7 @@ where
 }
 
 /// The group of the anatomy's stand-in CRDs, so the hub never sees their objects.
-const ANATOMY_GROUP: &str = "bench.tender.dev";
+pub(crate) const ANATOMY_GROUP: &str = "bench.tender.dev";
 
 /// Variants of the BundleDeployment CRD under [`ANATOMY_GROUP`], each a kind of its own:
 /// the schema as tender ships it, without its CEL rules, without CEL and without
@@ -493,7 +493,7 @@ fn strip(value: &mut serde_json::Value, key: &str) {
 }
 
 /// The CRD of anatomy variant `kind`, derived from tender's BundleDeployment CRD.
-fn variant_crd(kind: &str) -> Result<CustomResourceDefinition> {
+pub(crate) fn variant_crd(kind: &str) -> Result<CustomResourceDefinition> {
     let mut crd = serde_json::to_value(BundleDeployment::crd())?;
     let plural = format!("{}s", kind.to_lowercase());
     crd["metadata"] = serde_json::json!({"name": format!("{plural}.{ANATOMY_GROUP}")});

@@ -34,6 +34,8 @@ struct Inner {
 struct Entry {
     fingerprint: Fingerprint,
     uid: Option<String>,
+    /// The resourceVersion the write produced: its watch event carries the same.
+    version: Option<String>,
     /// When the write's watch event (or any later one) reached the cache.
     echoed: Option<Instant>,
 }
@@ -63,8 +65,14 @@ impl WriteMemo {
             .then(|| entry.uid.clone())
     }
 
-    /// Records a write.
-    pub fn record(&self, key: ObjectKey, fingerprint: Fingerprint, uid: Option<String>) {
+    /// Records a write, its resulting uid and resourceVersion.
+    pub fn record(
+        &self,
+        key: ObjectKey,
+        fingerprint: Fingerprint,
+        uid: Option<String>,
+        version: Option<String>,
+    ) {
         let mut inner = self.0.lock().expect("write memo");
         inner.records = inner.records.wrapping_add(1);
         if inner.records.is_multiple_of(SWEEP_EVERY) {
@@ -79,6 +87,7 @@ impl WriteMemo {
             Entry {
                 fingerprint,
                 uid,
+                version,
                 echoed: None,
             },
         );
@@ -92,6 +101,21 @@ impl WriteMemo {
         {
             entry.echoed = Some(Instant::now());
         }
+    }
+
+    /// Like [`WriteMemo::forget`] for a watch event of `key` at `version`; true when that is
+    /// the event of our own last write, still awaited: the cache now shows exactly what was
+    /// written and nothing else happened to the object, so the event has nothing to decide.
+    pub fn echo(&self, key: &ObjectKey, version: Option<&str>) -> bool {
+        let mut inner = self.0.lock().expect("write memo");
+        let Some(entry) = inner.entries.get_mut(key) else {
+            return false;
+        };
+        if entry.echoed.is_some() {
+            return false;
+        }
+        entry.echoed = Some(Instant::now());
+        version.is_some() && entry.version.as_deref() == version
     }
 
     /// How many writes are waiting for their watch event (a gauge for leaks in tests).
@@ -126,7 +150,12 @@ mod tests {
     fn a_write_is_remembered_until_its_watch_event() {
         let memo = WriteMemo::default();
         let key = ObjectKey::of::<Secret>(Some("c1"), "db");
-        memo.record(key.clone(), fp("1", "h"), Some("u".into()));
+        memo.record(
+            key.clone(),
+            fp("1", "h"),
+            Some("u".into()),
+            Some("2".into()),
+        );
         assert_eq!(memo.written(&key, &fp("1", "h")), Some(Some("u".into())));
         // Other content, or a cache that moved on: decide again.
         assert_eq!(memo.written(&key, &fp("1", "other")), None);
@@ -149,10 +178,32 @@ mod tests {
             live_version: None,
             desired: "h".into(),
         };
-        memo.record(key.clone(), created.clone(), Some("u".into()));
+        memo.record(key.clone(), created.clone(), Some("u".into()), None);
         assert_eq!(memo.written(&key, &created), Some(Some("u".into())));
         memo.forget(&key);
         assert_eq!(memo.written(&key, &created), None);
+    }
+
+    #[test]
+    fn only_the_first_event_at_the_written_version_is_our_echo() {
+        let memo = WriteMemo::default();
+        let key = ObjectKey::of::<Secret>(Some("c1"), "db");
+        // Nothing written: any event is news.
+        assert!(!memo.echo(&key, Some("5")));
+        memo.record(key.clone(), fp("1", "h"), None, Some("5".into()));
+        assert!(memo.echo(&key, Some("5")));
+        assert!(memo.is_empty(), "the echo retires the entry like forget");
+        // The same version again (a re-delivery) or a later one is not awaited any more.
+        assert!(!memo.echo(&key, Some("5")));
+        memo.record(key.clone(), fp("5", "h2"), None, Some("7".into()));
+        // Someone else's write in between: a different version, decided by the cache.
+        assert!(!memo.echo(&key, Some("6")));
+        assert!(
+            !memo.echo(&key, Some("7")),
+            "already echoed by the event before it"
+        );
+        memo.record(key.clone(), fp("7", "h3"), None, None);
+        assert!(!memo.echo(&key, None), "no version written, none matched");
     }
 
     #[test]
@@ -160,7 +211,7 @@ mod tests {
         let memo = WriteMemo::default();
         let secret = ObjectKey::of::<Secret>(Some("c1"), "db");
         let config_map = ObjectKey::of::<k8s_openapi::api::core::v1::ConfigMap>(Some("c1"), "db");
-        memo.record(secret.clone(), fp("1", "h"), None);
+        memo.record(secret.clone(), fp("1", "h"), None, None);
         assert_eq!(memo.written(&config_map, &fp("1", "h")), None);
         assert_eq!(memo.written(&secret, &fp("1", "h")), Some(None));
     }

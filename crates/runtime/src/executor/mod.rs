@@ -229,9 +229,10 @@ impl Executor {
             }
         };
         self.metrics.object_write(verb, key.kind());
+        let version = object.resource_version();
         let outcome = written(object);
         if let Some(fp) = fingerprint {
-            self.memo.record(key, fp, outcome.uid.clone());
+            self.memo.record(key, fp, outcome.uid.clone(), version);
         }
         Ok(outcome)
     }
@@ -539,7 +540,7 @@ mod tests {
         };
         other
             .memo()
-            .record(key.clone(), fp.clone(), Some("uid-1".into()));
+            .record(key.clone(), fp.clone(), Some("uid-1".into()), None);
         assert_eq!(exec.memo().written(&key, &fp), Some(Some("uid-1".into())));
         exec.memo().forget(&key);
         assert!(other.memo().is_empty());
