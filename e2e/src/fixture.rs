@@ -43,6 +43,9 @@ pub struct Workspace {
     pub hub: kube::Client,
     /// The workspace namespace.
     pub ns: String,
+    /// The namespace of the hub serving it, where its signing keys and rollout state are (the
+    /// workspace itself unless made [`with_own_hub_namespace`](Self::with_own_hub_namespace)).
+    pub hub_ns: String,
     hub_instance: Option<HubHandle>,
 }
 
@@ -52,6 +55,19 @@ impl Workspace {
     pub async fn new(env: &'static TestEnv, prefix: &str) -> Self {
         let mut ws = Self::without_hub(env, prefix).await;
         ws.hub_instance = Some(start_hub(env, hub_config(&ws.ns)).await.unwrap());
+        ws
+    }
+
+    /// Like [`new`](Self::new), the hub keeping its signing keys and rollout state in a
+    /// namespace of its own (`<workspace>-hub`), as an installed hub does: for tests of what a
+    /// user with rights in the workspace only can and cannot reach.
+    pub async fn with_own_hub_namespace(env: &'static TestEnv, prefix: &str) -> Self {
+        let mut ws = Self::without_hub(env, prefix).await;
+        ws.hub_ns = format!("{}-hub", ws.ns);
+        create_namespace(&ws.hub, &ws.hub_ns).await;
+        let mut config = hub_config(&ws.ns);
+        config.signing.namespace = ws.hub_ns.clone();
+        ws.hub_instance = Some(start_hub(env, config).await.unwrap());
         ws
     }
 
@@ -65,6 +81,7 @@ impl Workspace {
         Self {
             env,
             hub,
+            hub_ns: ns.clone(),
             ns,
             hub_instance: None,
         }
@@ -149,7 +166,7 @@ impl Workspace {
         // The in-process hub's key Secret is in the workspace; a hub binary started from the
         // chart keeps its own in its release namespace.
         config.hub_signing_keys = if self.hub_instance.is_some() {
-            crate::hub_harness::hub_signing_keys(&self.hub, &self.ns).await
+            crate::hub_harness::hub_signing_keys(&self.hub, &self.hub_ns).await
         } else {
             crate::running::test_hub_signing_keys(&self.hub, &self.ns).await
         };

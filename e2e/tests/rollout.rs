@@ -60,7 +60,8 @@ fn wave_of(i: usize) -> usize {
 
 impl Fleet {
     async fn start(prefix: &str) -> Self {
-        let ws = Workspace::new(shared_env(2).await, prefix).await;
+        // The hub keeps its rollout state in a namespace of its own, as an installed hub does.
+        let ws = Workspace::with_own_hub_namespace(shared_env(2).await, prefix).await;
         let mut agents = Vec::new();
         let mut clusters = Vec::new();
         for i in 0..CLUSTERS {
@@ -340,6 +341,108 @@ fn phases(b: &Bundle) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// The name the rollout Secret had in the workspace before decision 0110, where a hub read it.
+const LEGACY_ROLLOUT_SECRET: &str = "tender-rollout-app";
+
+/// A client for `alice`, whose only right is to read and write Secrets in the workspace
+/// (docs/security.md: a hub user who can edit a source Secret).
+async fn secret_editor(fleet: &Fleet) -> kube::Client {
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "secret-editor"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"],
+                   "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]}]
+    });
+    let binding = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "secret-editor"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "secret-editor"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]
+    });
+    let pp = PatchParams::apply("e2e").force();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(fleet.ws.hub.clone(), &fleet.ws.ns)
+        .patch("secret-editor", &pp, &Patch::Apply(&role))
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(fleet.ws.hub.clone(), &fleet.ws.ns)
+        .patch("secret-editor", &pp, &Patch::Apply(&binding))
+        .await
+        .unwrap();
+    let alice = fleet
+        .ws
+        .env
+        .client_as(tender_e2e::HUB, "alice")
+        .await
+        .unwrap();
+    let mine: Api<Secret> = Api::namespaced(alice.clone(), &fleet.ws.ns);
+    eventually("alice can list the workspace's Secrets", WAIT, || async {
+        Ok::<_, String>(mine.list(&Default::default()).await.ok().map(|_| ()))
+    })
+    .await;
+    alice
+}
+
+/// The rollout state as the attacker best knows it: the Secret in the workspace where a hub
+/// before decision 0110 kept it, else (the attacker told by an insider) the hub's own.
+async fn rollout_state_as_known(fleet: &Fleet, alice: &kube::Client) -> Secret {
+    let mine: Api<Secret> = Api::namespaced(alice.clone(), &fleet.ws.ns);
+    if let Some(s) = mine.get_opt(LEGACY_ROLLOUT_SECRET).await.unwrap() {
+        return s;
+    }
+    let name = tender_types::names::rollout_secret(&fleet.ws.ns, "app", None);
+    let theirs: Api<Secret> = Api::namespaced(alice.clone(), &fleet.ws.hub_ns);
+    let refused = theirs.get(&name).await.unwrap_err();
+    assert!(
+        matches!(&refused, kube::Error::Api(s) if s.code == 403),
+        "alice cannot read the hub's rollout state: {refused}"
+    );
+    Api::<Secret>::namespaced(fleet.ws.hub.clone(), &fleet.ws.hub_ns)
+        .get(&name)
+        .await
+        .unwrap()
+}
+
+/// Alice writes `data` as the rollout state wherever she can: the workspace Secret a hub
+/// before decision 0110 read (a write she is allowed), and the hub's own (refused).
+async fn forge_rollout_state(fleet: &Fleet, alice: &kube::Client, data: Value) {
+    let body = json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": LEGACY_ROLLOUT_SECRET}, "data": data});
+    let pp = PatchParams::apply("alice").force();
+    Api::<Secret>::namespaced(alice.clone(), &fleet.ws.ns)
+        .patch(LEGACY_ROLLOUT_SECRET, &pp, &Patch::Apply(&body))
+        .await
+        .unwrap();
+    let name = tender_types::names::rollout_secret(&fleet.ws.ns, "app", None);
+    let refused = Api::<Secret>::namespaced(alice.clone(), &fleet.ws.hub_ns)
+        .patch(&name, &pp, &Patch::Apply(&body))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&refused, kube::Error::Api(s) if s.code == 403),
+        "alice cannot write the hub's rollout state: {refused}"
+    );
+    // Touching the source wakes the hub, as the attacker did, with an annotation copies do not
+    // carry: the revision stays the same.
+    let touch = json!({"metadata": {"annotations": {
+        "kubectl.kubernetes.io/touched-at": format!("{:?}", Instant::now())}}});
+    Api::<Secret>::namespaced(alice.clone(), &fleet.ws.ns)
+        .patch("db-creds", &PatchParams::default(), &Patch::Merge(&touch))
+        .await
+        .unwrap();
+}
+
+fn b64_json(value: &Value) -> Value {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .encode(serde_json::to_vec(value).unwrap())
+        .into()
+}
+
+fn decoded(secret: &Secret, key: &str) -> Value {
+    let bytes = &secret.data.as_ref().unwrap()[key].0;
+    serde_json::from_slice(bytes).unwrap()
+}
+
 #[tokio::test]
 async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and_3() {
     let fleet = Fleet::start("rollout-bad").await;
@@ -361,6 +464,50 @@ async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and
     // A rotation to a credential the consumers reject.
     let started = Instant::now();
     rotate(&fleet, "bad").await;
+    // While wave 1 fails, a user with Secret rights only rewrites the revisions kept for the
+    // rollback: a ConfigMap added to each kept spec (its deploymentID recomputed) and another
+    // password in each kept copy, under the keys the hub kept them by.
+    let alice = secret_editor(&fleet).await;
+    for c in fleet.clusters_in(&[1]) {
+        eventually(&format!("{c} holds the bad rotation"), WAIT, || async {
+            Ok::<_, String>((fleet.current(&c).as_deref() == Some("bad")).then_some(()))
+        })
+        .await;
+    }
+    let known = rollout_state_as_known(&fleet, &alice).await;
+    let mut previous = decoded(&known, "previous.json");
+    let mut respecs = Vec::new();
+    for (key, spec) in previous["specs"].as_object().unwrap().clone() {
+        let mut spec: tender_types::BundleDeploymentSpec = serde_json::from_value(spec).unwrap();
+        spec.resources.push(tender_types::Manifest(json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "forged"},
+            "data": {"by": "alice"}})));
+        spec.deployment_id = tender_types::hash::deployment_id(&spec.resources, &spec.options);
+        let new_key = tender_types::hash::spec_hash(&spec);
+        respecs.push((key, new_key, serde_json::to_value(&spec).unwrap()));
+    }
+    for (old_key, new_key, spec) in respecs {
+        previous["specs"].as_object_mut().unwrap().remove(&old_key);
+        previous["specs"][&new_key] = spec;
+        for cluster in previous["clusters"].as_object_mut().unwrap().values_mut() {
+            if cluster["spec"] == old_key.as_str() {
+                cluster["spec"] = new_key.clone().into();
+            }
+        }
+    }
+    for copy in previous["copies"].as_object_mut().unwrap().values_mut() {
+        use base64::Engine;
+        copy["data"]["password"] = base64::engine::general_purpose::STANDARD
+            .encode("evil")
+            .into();
+    }
+    forge_rollout_state(
+        &fleet,
+        &alice,
+        json!({"state.json": b64_json(&decoded(&known, "state.json")),
+               "previous.json": b64_json(&previous)}),
+    )
+    .await;
     let halted = fleet
         .wait_condition(TYPE_ROLLED_BACK, reason::ROLLED_BACK)
         .await;
@@ -418,10 +565,31 @@ async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and
         phases(&fleet.bundle().await),
         ["RolledBack", "Waiting", "Waiting"]
     );
-    // The rollout Secret keeps the previous revision in the workspace, never in a cluster
-    // namespace.
-    let kept = Api::<Secret>::namespaced(fleet.ws.hub.clone(), &fleet.ws.ns)
-        .get(&tender_types::names::rollout_secret("app", None))
+    // The rollback deployed only what the hub released: no forged object, no forged password.
+    assert_eq!(
+        fleet.held("evil"),
+        BTreeSet::new(),
+        "a forged copy was deployed"
+    );
+    for (c, _, down, ns) in fleet.clusters.iter().filter(|(_, w, _, _)| *w == 1) {
+        let client = fleet.ws.downstream(&downstream_name(*down)).await;
+        let forged = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client, ns)
+            .get_opt("forged")
+            .await
+            .unwrap();
+        assert!(
+            forged.is_none(),
+            "{c}: the rollback deployed a forged ConfigMap"
+        );
+    }
+    // The rollout Secret keeps the previous revision in the hub's own namespace, never in the
+    // workspace nor a cluster namespace.
+    let kept = Api::<Secret>::namespaced(fleet.ws.hub.clone(), &fleet.ws.hub_ns)
+        .get(&tender_types::names::rollout_secret(
+            &fleet.ws.ns,
+            "app",
+            None,
+        ))
         .await
         .unwrap();
     assert!(kept.data.unwrap().contains_key("previous.json"));
@@ -447,6 +615,29 @@ async fn a_good_rotation_passes_wave_by_wave_with_the_soak_and_pause_waits_for_r
     // A good rotation: wave by wave, each released no earlier than the previous ready + soak.
     let bds_ready_at = watch_ready_times(&fleet);
     rotate(&fleet, "good-2").await;
+    // During wave 1's soak, a user with Secret rights only marks every wave released and
+    // complete in the rollout state and touches the source: the soak check below still holds.
+    let alice = secret_editor(&fleet).await;
+    for c in fleet.clusters_in(&[1]) {
+        eventually(&format!("{c} holds good-2"), WAIT, || async {
+            Ok::<_, String>((fleet.current(&c).as_deref() == Some("good-2")).then_some(()))
+        })
+        .await;
+    }
+    let known = rollout_state_as_known(&fleet, &alice).await;
+    let mut state = decoded(&known, "state.json");
+    let long_ago = k8s_openapi::jiff::Timestamp::now().as_millisecond() - 3_600_000;
+    for wave in state["waves"].as_array_mut().unwrap() {
+        *wave = json!({"releasedAt": long_ago, "doneAt": long_ago});
+    }
+    state["complete"] = true.into();
+    forge_rollout_state(
+        &fleet,
+        &alice,
+        json!({"state.json": b64_json(&state),
+               "previous.json": b64_json(&decoded(&known, "previous.json"))}),
+    )
+    .await;
     fleet.all_ready(&fleet.clusters_in(&[1, 2, 3])).await;
     fleet
         .wait_condition(

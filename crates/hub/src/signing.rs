@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use serde::{Deserialize, Serialize};
-use tender_types::signing::{CopyClaim, HubKey, KeyChain};
+use tender_types::signing::{CopyClaim, HubKey, KeyChain, TrustedKeys};
 
 use crate::{Error, kube_err};
 
@@ -80,6 +80,8 @@ pub struct HubKeys {
     pub chain: KeyChain,
     /// Every public key, oldest first, comma-separated: what agents are registered with.
     pub public_keys: String,
+    /// Every public key, to check what the hub reads back as its own (a kept copy).
+    trusted: TrustedKeys,
 }
 
 impl HubKeys {
@@ -100,16 +102,19 @@ impl HubKeys {
             .filter_map(|k| B64.decode(&k.public_key).ok())
             .map(|p| tender_types::signing::key_id(&p))
             .collect();
+        let public_keys = file
+            .keys
+            .iter()
+            .map(|k| k.public_key.as_str())
+            .collect::<Vec<_>>()
+            .join(",");
+        let trusted = TrustedKeys::parse(&public_keys)?;
         Ok(Self {
             active,
             current,
             chain: file.chain.clone(),
-            public_keys: file
-                .keys
-                .iter()
-                .map(|k| k.public_key.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
+            public_keys,
+            trusted,
         })
     }
 
@@ -126,6 +131,12 @@ impl HubKeys {
     /// Ids of the keys whose signatures stay current.
     pub fn current_ids(&self) -> &BTreeSet<String> {
         &self.current
+    }
+
+    /// Every key of this hub, retired ones included: a signature any of them verifies is the
+    /// hub's own.
+    pub fn trusted(&self) -> &TrustedKeys {
+        &self.trusted
     }
 
     /// Id of the key that signs.

@@ -53,6 +53,10 @@ pub mod reason {
     pub const ROLLBACK_UNAVAILABLE: &str = "RollbackUnavailable";
     /// Rollout: the rolloutStrategy has an invalid value; nothing new is released.
     pub const INVALID_ROLLOUT_STRATEGY: &str = "InvalidRolloutStrategy";
+    /// Rollout: the state the hub keeps of it (waves, previous revisions) cannot be read or does
+    /// not verify (its content does not hash to what it claims); nothing is released and
+    /// nothing rolled back until an administrator deletes it (docs/rollouts.md).
+    pub const ROLLOUT_STATE_INVALID: &str = "RolloutStateInvalid";
     /// Every upstream entry is published by every targeted cluster.
     pub const UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
     /// `Polled=True`: the hub resolved `helm.version` against the repository.

@@ -26,6 +26,9 @@ pub const INSTALL_NAMES: &[&str] = &[AGENT_APP_NAME, "tender-hub", "tender-hub-s
 pub const BUNDLE_NAMESPACE: &str = "tender.dev/bundle-namespace";
 /// Label: name of the Bundle an object was created for.
 pub const BUNDLE_NAME: &str = "tender.dev/bundle-name";
+/// Annotation on a Bundle's rollout Secret in the hub's namespace: the uid of that Bundle (a
+/// Bundle recreated under the same name starts its rollouts afresh).
+pub const BUNDLE_UID: &str = "tender.dev/bundle-uid";
 /// Label: name of the Cluster (on cluster namespaces and BundleDeployments).
 pub const CLUSTER: &str = "tender.dev/cluster";
 /// Label: the cluster's own namespace on the hub (where its BundleDeployments live).

@@ -95,20 +95,21 @@ pub fn copy_name(bundle_name: &str, kind: &str, source_name: &str) -> String {
     }
 }
 
-/// Name of the Secret in the Bundle's namespace where the hub keeps a rollout's state and the
-/// previous revisions it may roll back to: `tender-rollout-<bundle>` (truncated, hashed when
-/// too long); a shard replica keeps its own, `tender-rollout-<bundle>-<shard>`, as it rolls out
-/// its own Clusters. Never in a cluster namespace: no agent reads it.
-pub fn rollout_secret(bundle_name: &str, shard: Option<&str>) -> String {
-    let full = match shard {
-        None => format!("tender-rollout-{bundle_name}"),
-        Some(id) => format!("tender-rollout-{bundle_name}-{id}"),
+/// Name of the Secret in the hub's own namespace where the hub keeps a rollout's state and the
+/// previous revisions it may roll back to (decision 0110-rollout-state-in-the-hubs-namespace):
+/// `tender-rollout-<workspace>-<bundle>[-<shard>]-<hash>`, readable and truncated, made unique
+/// by the hash of the full identity (a shard replica rolls out its own Clusters, so keeps its
+/// own). Never in a workspace (a Secret editor there could forge it) nor a cluster namespace.
+pub fn rollout_secret(workspace: &str, bundle_name: &str, shard: Option<&str>) -> String {
+    let identity = match shard {
+        None => format!("{workspace}/{bundle_name}"),
+        Some(id) => format!("{workspace}/{bundle_name}/{id}"),
     };
-    if full.len() <= MAX_DNS_SUBDOMAIN_LEN {
-        return full;
-    }
-    let hash = short_hash(&full);
-    let readable = sanitise(&full, MAX_DNS_SUBDOMAIN_LEN - 1 - hash.len());
+    let hash = short_hash(&identity);
+    let readable = sanitise(
+        &format!("tender-rollout-{}", identity.replace('/', "-")),
+        MAX_DNS_SUBDOMAIN_LEN - 1 - hash.len(),
+    );
     format!("{readable}-{hash}")
 }
 
@@ -195,13 +196,19 @@ pub fn agent_workspace_role(cluster_name: &str) -> String {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn rollout_secrets_are_per_bundle_and_shard_and_always_valid() {
+    fn rollout_secrets_are_per_workspace_bundle_and_shard_and_always_valid() {
         use super::rollout_secret;
-        assert_eq!(rollout_secret("app", None), "tender-rollout-app");
-        assert_eq!(rollout_secret("app", Some("s1")), "tender-rollout-app-s1");
-        let long = "b".repeat(253);
-        let name = rollout_secret(&long, None);
-        assert!(name.len() <= 253 && name != rollout_secret(&long, Some("s1")));
+        let plain = rollout_secret("team-a", "app", None);
+        assert!(plain.starts_with("tender-rollout-team-a-app-"), "{plain}");
+        assert_ne!(plain, rollout_secret("team-a", "app", Some("s1")));
+        // Names that read alike are different Bundles.
+        assert_ne!(
+            rollout_secret("a-b", "c", None),
+            rollout_secret("a", "b-c", None)
+        );
+        let long = "x".repeat(253);
+        let name = rollout_secret("ws", &long, None);
+        assert!(name.len() <= 253 && name != rollout_secret("ws", &long, Some("s1")));
     }
 
     use super::*;

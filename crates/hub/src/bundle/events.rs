@@ -5,7 +5,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::EventType;
 use tender_runtime::executor::{EventOp, Op};
 use tender_types::BundleStatus;
-use tender_types::conditions::{TYPE_READY, TYPE_RESOURCES_COPIED, find_condition, reason};
+use tender_types::conditions::{
+    TYPE_READY, TYPE_RESOURCES_COPIED, TYPE_ROLLOUT_HALTED, find_condition, reason,
+};
 
 fn event(
     regarding: &ObjectReference,
@@ -75,7 +77,7 @@ pub(crate) fn transition_events(
     old: Option<&BundleStatus>,
     new: &BundleStatus,
 ) -> Vec<Op> {
-    const PROBLEMS: [&str; 7] = [
+    const PROBLEMS: [&str; 8] = [
         reason::SOURCE_NOT_FOUND,
         reason::COPY_FEATURE_DISABLED,
         reason::KIND_NOT_ALLOWED,
@@ -83,13 +85,14 @@ pub(crate) fn transition_events(
         reason::NO_CLUSTERS_MATCHED,
         reason::DEPENDENCY_NOT_FOUND,
         reason::DEPENDENCY_CYCLE,
+        reason::ROLLOUT_STATE_INVALID,
     ];
     let reason_of = |s: Option<&BundleStatus>, t: &str| {
         s.and_then(|s| find_condition(&s.conditions, t))
             .map(|c| (c.reason.clone(), c.message.clone()))
     };
     let mut ops = Vec::new();
-    for t in [TYPE_RESOURCES_COPIED, TYPE_READY] {
+    for t in [TYPE_RESOURCES_COPIED, TYPE_READY, TYPE_ROLLOUT_HALTED] {
         let before = reason_of(old, t).map(|(r, _)| r);
         let Some((after, message)) = reason_of(Some(new), t) else {
             continue;

@@ -198,13 +198,15 @@ async fn apply(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
                     };
                     match waves::gate(ctx, bundle, &input).await? {
                         Ok(w) => Some(w),
-                        Err(message) => {
-                            facts.rollout = Some(status::RolloutFacts::invalid(message));
+                        // Its Event comes with the status write (events::transition_events).
+                        Err(halt) => {
+                            facts.rollout = Some(status::RolloutFacts::halted(&halt));
                             None
                         }
                     }
                 }
             };
+            // A halted gate (invalid strategy or state) releases nothing already deployed.
             let invalid_strategy = bundle.spec.rollout_strategy.is_some() && waves.is_none();
             if let Some(w) = &waves {
                 requeue = w.gate.next;
@@ -662,6 +664,23 @@ async fn cleanup(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
         if outcome.wrote {
             ctx.hub.bundle_deployments_deleted.inc();
         }
+    }
+    // The rollout state is in the hub's namespace, out of reach of the Bundle's owner
+    // reference: it goes here, with the Bundle (a strategy now, or one in status before).
+    let rolled_out = bundle.spec.rollout_strategy.is_some()
+        || bundle
+            .status
+            .as_ref()
+            .is_some_and(|s| s.unavailable.is_some());
+    if rolled_out {
+        let shard = ctx.config.shard_id.as_deref();
+        ctx.exec
+            .execute(revisions::delete_op(
+                bundle,
+                shard,
+                ctx.config.own_namespace(),
+            ))
+            .await?;
     }
     Ok(Action::await_change())
 }

@@ -283,16 +283,26 @@ impl RolloutFacts {
         }
     }
 
-    /// An invalid strategy: halted, with its message.
-    pub fn invalid(message: String) -> Self {
+    /// A halted gate (an invalid strategy or kept state), with its message.
+    pub(crate) fn halted(halt: &super::waves::Halt) -> Self {
+        use super::waves::Halt;
         use tender_types::conditions::TYPE_ROLLOUT_HALTED;
-        Self {
-            conditions: vec![(
-                TYPE_ROLLOUT_HALTED,
-                true,
+        let (reason, message) = match halt {
+            Halt::InvalidStrategy(m) => (
                 reason::INVALID_ROLLOUT_STRATEGY,
-                format!("rolloutStrategy: {message}; nothing already deployed is updated"),
-            )],
+                format!("rolloutStrategy: {m}; nothing already deployed is updated"),
+            ),
+            Halt::InvalidState(m) => (
+                reason::ROLLOUT_STATE_INVALID,
+                format!(
+                    "the rollout state the hub keeps is not valid ({m}); nothing already \
+                     deployed is updated or rolled back until an administrator deletes it \
+                     (docs/rollouts.md)"
+                ),
+            ),
+        };
+        Self {
+            conditions: vec![(TYPE_ROLLOUT_HALTED, true, reason, message)],
             ..Self::default()
         }
     }

@@ -41,18 +41,31 @@ pub(crate) struct GateInput<'a> {
     pub sources: &'a BTreeMap<SourceKey, SourceState>,
 }
 
-/// Runs the gate for `bundle`; `Err(message)` for an invalid strategy (nothing is released
-/// then but clusters without a BundleDeployment).
+/// Why the gate answered nothing: nothing is released then but clusters without a
+/// BundleDeployment, and nothing is rolled back.
+pub(crate) enum Halt {
+    /// The strategy has an invalid value (the message says which).
+    InvalidStrategy(String),
+    /// The kept state does not parse or verify (decision 0110).
+    InvalidState(String),
+}
+
+/// Runs the gate for `bundle`, or says why it halts.
 pub(crate) async fn gate(
     ctx: &Ctx,
     bundle: &Bundle,
     input: &GateInput<'_>,
-) -> Result<Result<Waves, String>, Error> {
+) -> Result<Result<Waves, Halt>, Error> {
     let name = bundle.name_any();
     let shard = ctx.config.shard_id.as_deref();
-    let kept = revisions::read(&ctx.client, bundle, shard)
+    let own_ns = ctx.config.own_namespace();
+    let kept = match revisions::read(&ctx.client, bundle, shard, own_ns)
         .await
-        .map_err(crate::kube_err("read the rollout state"))?;
+        .map_err(crate::kube_err("read the rollout state"))?
+    {
+        Ok(kept) => kept,
+        Err(revisions::Unreadable(why)) => return Ok(Err(Halt::InvalidState(why))),
+    };
     let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
         input.views.iter().map(|v| (v.name, v.labels)).collect();
     let states: Vec<_> = input
@@ -115,7 +128,7 @@ pub(crate) async fn gate(
     };
     let gate = match rollout::gate(&inputs, &clusters, input.groups) {
         Ok(gate) => gate,
-        Err(e) => return Ok(Err(e.to_string())),
+        Err(e) => return Ok(Err(Halt::InvalidStrategy(e.to_string()))),
     };
     // The previous revision of each cluster about to be released, kept before its first write.
     let ns_of: BTreeMap<&str, &str> = input
@@ -124,6 +137,7 @@ pub(crate) async fn gate(
         .iter()
         .map(|d| (d.cluster.as_str(), d.namespace.as_str()))
         .collect();
+    let keys = ctx.keys();
     for cluster in &gate.snapshot {
         let Some(cluster_ns) = ns_of.get(cluster.as_str()) else {
             continue;
@@ -135,6 +149,7 @@ pub(crate) async fn gate(
             .unwrap_or_default();
         revisions::keep(
             &ctx.client,
+            keys.trusted(),
             &mut snapshot,
             &name,
             cluster,
@@ -148,7 +163,13 @@ pub(crate) async fn gate(
     revisions::prune(&mut snapshot, &targeted);
     if kept.state.as_ref() != Some(&gate.state) || kept.snapshot != snapshot {
         ctx.exec
-            .execute(revisions::write_op(bundle, shard, &gate.state, &snapshot))
+            .execute(revisions::write_op(
+                bundle,
+                shard,
+                own_ns,
+                &gate.state,
+                &snapshot,
+            ))
             .await?;
     }
     Ok(Ok(Waves { gate, snapshot }))
@@ -184,15 +205,18 @@ pub(crate) async fn write_rollback(
     let shard = ctx.config.shard_id.as_deref();
     let owner = ops::copy_owner(&name, uid.clone());
     let owned = ops::owned_labels(&ns, &name, &desired.cluster, &desired.namespace, shard);
-    let mut written = 0;
-    for (kind, copy_name, content_hash, body) in revisions::previous_copies(
+    let kept = revisions::previous_copies(
         snapshot,
         &desired.cluster,
         &desired.namespace,
         &owner,
         &owned,
-    ) {
-        let live_copy = super::observe::live_copy(ctx, kind, &desired.namespace, &copy_name);
+    );
+    // What is signed is hashed here, from the body written, never taken from the snapshot's
+    // key: a copy that does not hash to what was kept rolls nothing back on this cluster
+    // (decision 0110-rollout-state-in-the-hubs-namespace).
+    let mut checked = Vec::new();
+    for (kind, copy_name, content_hash, body) in kept {
         // The source this copy was made from, as the previous BundleDeployment lists it: the
         // signature covers its identity (decision 0089-signed-copies).
         let Some(entry) = spec
@@ -203,6 +227,21 @@ pub(crate) async fn write_rollback(
         else {
             continue;
         };
+        if revisions::content_hash_of(&body, entry.is_carried()).as_deref()
+            != Some(content_hash.as_str())
+        {
+            tracing::warn!(
+                cluster = %desired.cluster,
+                copy = %copy_name,
+                "a kept copy does not hash to what was kept: nothing rolled back there"
+            );
+            return Ok(0);
+        }
+        checked.push((kind, copy_name, content_hash, body, entry));
+    }
+    let mut written = 0;
+    for (kind, copy_name, content_hash, body, entry) in checked {
+        let live_copy = super::observe::live_copy(ctx, kind, &desired.namespace, &copy_name);
         let want = DesiredCopy {
             kind,
             source_kind: tender_types::copy::CopyableKind {
