@@ -341,7 +341,7 @@ fn phases(b: &Bundle) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The name the rollout Secret had in the workspace before decision 0110, where a hub read it.
+/// The name the rollout Secret had in the workspace before decision 0112, where a hub read it.
 const LEGACY_ROLLOUT_SECRET: &str = "tender-rollout-app";
 
 /// A client for `alice`, whose only right is to read and write Secrets in the workspace
@@ -383,7 +383,7 @@ async fn secret_editor(fleet: &Fleet) -> kube::Client {
 }
 
 /// The rollout state as the attacker best knows it: the Secret in the workspace where a hub
-/// before decision 0110 kept it, else (the attacker told by an insider) the hub's own.
+/// before decision 0112 kept it, else (the attacker told by an insider) the hub's own.
 async fn rollout_state_as_known(fleet: &Fleet, alice: &kube::Client) -> Secret {
     let mine: Api<Secret> = Api::namespaced(alice.clone(), &fleet.ws.ns);
     if let Some(s) = mine.get_opt(LEGACY_ROLLOUT_SECRET).await.unwrap() {
@@ -403,7 +403,7 @@ async fn rollout_state_as_known(fleet: &Fleet, alice: &kube::Client) -> Secret {
 }
 
 /// Alice writes `data` as the rollout state wherever she can: the workspace Secret a hub
-/// before decision 0110 read (a write she is allowed), and the hub's own (refused).
+/// before decision 0112 read (a write she is allowed), and the hub's own (refused).
 async fn forge_rollout_state(fleet: &Fleet, alice: &kube::Client, data: Value) {
     let body = json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": LEGACY_ROLLOUT_SECRET}, "data": data});

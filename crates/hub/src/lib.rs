@@ -131,7 +131,7 @@ impl Default for HubConfig {
 impl HubConfig {
     /// The hub's own namespace (where its signing keys are): what only the hub and the
     /// cluster's administrators write, so the hub keeps there what it must trust on reading
-    /// back, such as rollout state (decision 0110-rollout-state-in-the-hubs-namespace).
+    /// back, such as rollout state (decision 0112-rollout-state-in-the-hubs-namespace).
     pub fn own_namespace(&self) -> &str {
         &self.signing.namespace
     }

@@ -96,7 +96,7 @@ pub fn copy_name(bundle_name: &str, kind: &str, source_name: &str) -> String {
 }
 
 /// Name of the Secret in the hub's own namespace where the hub keeps a rollout's state and the
-/// previous revisions it may roll back to (decision 0110-rollout-state-in-the-hubs-namespace):
+/// previous revisions it may roll back to (decision 0112-rollout-state-in-the-hubs-namespace):
 /// `tender-rollout-<workspace>-<bundle>[-<shard>]-<hash>`, readable and truncated, made unique
 /// by the hash of the full identity (a shard replica rolls out its own Clusters, so keeps its
 /// own). Never in a workspace (a Secret editor there could forge it) nor a cluster namespace.

@@ -2,7 +2,7 @@
 //! per Bundle in the hub's own namespace (`names::rollout_secret`), never in the workspace,
 //! where a user with Secret rights only could forge the waves released or what a rollback
 //! deploys, nor in a cluster namespace, where an agent reads (decisions 0094 and
-//! 0110-rollout-state-in-the-hubs-namespace). What is read back is checked all the same: every
+//! 0112-rollout-state-in-the-hubs-namespace). What is read back is checked all the same: every
 //! kept spec and copy must hash to the key it is kept under, and a kept copy must be one the
 //! hub signed; anything else is [`Unreadable`] and halts the rollout. Bounded: past
 //! [`MAX_SNAPSHOT_BYTES`] no more revisions are kept and a failure pauses instead of rolling

@@ -46,7 +46,7 @@ pub(crate) struct GateInput<'a> {
 pub(crate) enum Halt {
     /// The strategy has an invalid value (the message says which).
     InvalidStrategy(String),
-    /// The kept state does not parse or verify (decision 0110).
+    /// The kept state does not parse or verify (decision 0112).
     InvalidState(String),
 }
 
@@ -214,7 +214,7 @@ pub(crate) async fn write_rollback(
     );
     // What is signed is hashed here, from the body written, never taken from the snapshot's
     // key: a copy that does not hash to what was kept rolls nothing back on this cluster
-    // (decision 0110-rollout-state-in-the-hubs-namespace).
+    // (decision 0112-rollout-state-in-the-hubs-namespace).
     let mut checked = Vec::new();
     for (kind, copy_name, content_hash, body) in kept {
         // The source this copy was made from, as the previous BundleDeployment lists it: the
