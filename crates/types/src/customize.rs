@@ -165,7 +165,9 @@ pub struct ValuesError {
 /// `disablePreProcess`, every `${ }` in keys and string values is rendered against `ctx`
 /// ([`template::context`]) and the result read as a YAML scalar (so `${ .ClusterValues.n }`
 /// can make a number), and each `templateValues` entry is rendered, read as YAML and set as
-/// that top-level key.
+/// that top-level key. All of them share one [`template::Budget`]: a cluster's values take at
+/// most [`template::MAX_STEPS`] steps and [`template::MAX_RENDER_TIME`], however many strings
+/// are templated.
 pub fn preprocess(
     helm: &mut HelmOptions,
     labels: &BTreeMap<String, String>,
@@ -177,16 +179,21 @@ pub fn preprocess(
     if helm.disable_pre_process {
         return Ok(());
     }
+    let mut r = Renderer {
+        ctx,
+        budget: template::Budget::default(),
+    };
     if let Some(values) = helm.values.as_mut() {
         let mut path = String::from("helm.values");
-        values.0 = render_map(std::mem::take(&mut values.0), ctx, &mut path, 0)?;
+        values.0 = r.map(std::mem::take(&mut values.0), &mut path, 0)?;
     }
     for (k, t) in std::mem::take(&mut helm.template_values) {
         let path = format!("helm.templateValues.{k}");
-        let text = template::render(&t, ctx).map_err(|error| ValuesError {
-            path: path.clone(),
-            error,
-        })?;
+        let text =
+            template::render_within(&t, ctx, &mut r.budget).map_err(|error| ValuesError {
+                path: path.clone(),
+                error,
+            })?;
         let v: Value = if text.trim().is_empty() {
             Value::Null
         } else {
@@ -229,65 +236,69 @@ fn label_values(map: &mut Map<String, Value>, labels: &BTreeMap<String, String>,
     }
 }
 
-fn render_map(
-    map: Map<String, Value>,
-    ctx: &Value,
-    path: &mut String,
-    depth: usize,
-) -> Result<Map<String, Value>, ValuesError> {
-    let mut out = Map::new();
-    for (k, v) in map {
-        let len = path.len();
-        path.push('.');
-        path.push_str(&k);
-        let key = if template::has_actions(&k) {
-            template::render(&k, ctx).map_err(|error| ValuesError {
-                path: path.clone(),
-                error,
-            })?
-        } else {
-            k
-        };
-        let v = render_value(v, ctx, path, depth + 1)?;
-        path.truncate(len);
-        out.insert(key, v);
-    }
-    Ok(out)
+/// The values of one cluster being rendered, with the budget they share.
+struct Renderer<'a> {
+    ctx: &'a Value,
+    budget: template::Budget,
 }
 
-fn render_value(
-    v: Value,
-    ctx: &Value,
-    path: &mut String,
-    depth: usize,
-) -> Result<Value, ValuesError> {
-    if depth > MAX_DEPTH {
-        return Err(ValuesError {
-            path: path.clone(),
-            error: TemplateError("values nested too deeply".into()),
-        });
+impl Renderer<'_> {
+    fn render(&mut self, text: &str, path: &str) -> Result<String, ValuesError> {
+        template::render_within(text, self.ctx, &mut self.budget).map_err(|error| ValuesError {
+            path: path.to_string(),
+            error,
+        })
     }
-    Ok(match v {
-        Value::String(s) if template::has_actions(&s) => {
-            let text = template::render(&s, ctx).map_err(|error| ValuesError {
+
+    fn map(
+        &mut self,
+        map: Map<String, Value>,
+        path: &mut String,
+        depth: usize,
+    ) -> Result<Map<String, Value>, ValuesError> {
+        let mut out = Map::new();
+        for (k, v) in map {
+            let len = path.len();
+            path.push('.');
+            path.push_str(&k);
+            let key = if template::has_actions(&k) {
+                self.render(&k, path)?
+            } else {
+                k
+            };
+            let v = self.value(v, path, depth + 1)?;
+            path.truncate(len);
+            out.insert(key, v);
+        }
+        Ok(out)
+    }
+
+    fn value(&mut self, v: Value, path: &mut String, depth: usize) -> Result<Value, ValuesError> {
+        if depth > MAX_DEPTH {
+            return Err(ValuesError {
                 path: path.clone(),
-                error,
-            })?;
-            scalar(text, s.contains('\n'))
+                error: TemplateError("values nested too deeply".into()),
+            });
         }
-        Value::Object(m) => Value::Object(render_map(m, ctx, path, depth)?),
-        Value::Array(a) => {
-            let mut out = Vec::with_capacity(a.len());
-            for (i, item) in a.into_iter().enumerate() {
-                let len = path.len();
-                path.push_str(&format!("[{i}]"));
-                out.push(render_value(item, ctx, path, depth + 1)?);
-                path.truncate(len);
+        Ok(match v {
+            Value::String(s) if template::has_actions(&s) => {
+                let text = self.render(&s, path)?;
+                scalar(text, s.contains('\n'))
             }
-            Value::Array(out)
-        }
-        v => v,
-    })
+            Value::Object(m) => Value::Object(self.map(m, path, depth)?),
+            Value::Array(a) => {
+                let mut out = Vec::with_capacity(a.len());
+                for (i, item) in a.into_iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("[{i}]"));
+                    out.push(self.value(item, path, depth + 1)?);
+                    path.truncate(len);
+                }
+                Value::Array(out)
+            }
+            v => v,
+        })
+    }
 }
 
 /// A rendered single-line string read as Fleet reads it back, as YAML: `3` a number, `"x"`

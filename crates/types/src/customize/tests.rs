@@ -167,3 +167,20 @@ fn fleets_oci_form_normalises_to_tenders() {
         ("oci://r.example/x/app", None)
     );
 }
+
+#[test]
+fn one_clusters_values_share_one_budget() {
+    // 60 000 steps or so each: any one renders, forty of them are over one cluster's budget.
+    let t = r#"${ range (splitList "," (repeat 10000 "a,")) }${ . }${ end }"#;
+    let mut one = helm(json!({"chart": "app", "repo": "https://c", "values": {"v": t}}));
+    preprocess(&mut one, &labels(), &ctx()).unwrap();
+    let values: serde_json::Map<String, Value> =
+        (0..40).map(|i| (format!("v{i:02}"), json!(t))).collect();
+    let mut many = helm(json!({"chart": "app", "repo": "https://c", "values": values}));
+    let e = preprocess(&mut many, &labels(), &ctx()).unwrap_err();
+    assert!(e.path.starts_with("helm.values.v"), "{}", e.path);
+    assert!(
+        e.error.0.starts_with("template exceeded its budget of "),
+        "{e}"
+    );
+}

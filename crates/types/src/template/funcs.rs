@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::TemplateError;
+use super::{Budget, MAX_OUTPUT, TemplateError};
 
 /// Every function a template may call.
 pub(crate) const NAMES: &[&str] = &[
@@ -215,8 +215,19 @@ fn printf(args: &[Value]) -> Result<String, TemplateError> {
     Ok(out)
 }
 
-/// Calls `f` with `args` (a piped value comes last, as in Go).
-pub(crate) fn call(f: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
+/// Refuses a result of `bytes` bytes before it is made: larger than the output may be, or more
+/// than the budget has left.
+fn bounded(f: &str, bytes: usize, budget: &mut Budget) -> Result<(), TemplateError> {
+    if bytes > MAX_OUTPUT {
+        return bad(f, "the result would be larger than 1 MiB");
+    }
+    budget.charge_bytes(bytes)
+}
+
+/// Calls `f` with `args` (a piped value comes last, as in Go). What a call makes beyond its
+/// arguments' size (`repeat`, `replace`, `join`, `splitList`, `uniq`) is paid from `budget`
+/// before it is made; the caller pays for the result.
+pub(crate) fn call(f: &str, args: Vec<Value>, budget: &mut Budget) -> Result<Value, TemplateError> {
     let n = args.len();
     let need = |k: usize| {
         if n == k {
@@ -386,7 +397,16 @@ pub(crate) fn call(f: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
         }
         "replace" => {
             need(3)?;
-            Value::String(s(2).replace(&s(0), &s(1)))
+            let (old, new, v) = (s(0), s(1), s(2));
+            // An empty `old` matches between every character.
+            let hits = if old.is_empty() {
+                v.chars().count() + 1
+            } else {
+                v.matches(old.as_str()).count()
+            };
+            let grown = hits.saturating_mul(new.len());
+            bounded(f, v.len().saturating_add(grown), budget)?;
+            Value::String(v.replace(&old, &new))
         }
         "hasKey" | "get" => {
             need(2)?;
@@ -422,12 +442,24 @@ pub(crate) fn call(f: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
                 Value::Array(a) => a.iter().map(string).collect::<Vec<_>>(),
                 v => vec![string(v)],
             };
-            Value::String(list.join(&s(0)))
+            let sep = s(0);
+            let parts: usize = list.iter().map(String::len).sum();
+            let seps = list.len().saturating_sub(1).saturating_mul(sep.len());
+            bounded(f, parts.saturating_add(seps), budget)?;
+            Value::String(list.join(&sep))
         }
         "splitList" => {
             need(2)?;
+            let (sep, v) = (s(0), s(1));
+            // Each piece is a value of its own: a step apiece, paid before the list is made.
+            let pieces = if sep.is_empty() {
+                v.chars().count() + 2
+            } else {
+                v.matches(sep.as_str()).count() + 1
+            };
+            budget.charge(pieces as u64)?;
             Value::Array(
-                s(1).split(&s(0))
+                v.split(sep.as_str())
                     .map(|p| Value::String(p.to_string()))
                     .collect(),
             )
@@ -440,6 +472,8 @@ pub(crate) fn call(f: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
             };
             let mut out: Vec<Value> = Vec::new();
             for v in a {
+                // Quadratic: each entry is compared with those kept so far.
+                budget.charge(1 + (out.len() / 16) as u64)?;
                 if !out.contains(v) {
                     out.push(v.clone());
                 }
@@ -469,9 +503,7 @@ pub(crate) fn call(f: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
             need(2)?;
             let k = int_of(f, &args[0])?.clamp(0, 10_000) as usize;
             let v = s(1);
-            if v.len().saturating_mul(k) > super::MAX_OUTPUT {
-                return bad(f, "the result would be larger than 1 MiB");
-            }
+            bounded(f, v.len().saturating_mul(k), budget)?;
             Value::String(v.repeat(k))
         }
         _ => return bad(f, "not defined"),

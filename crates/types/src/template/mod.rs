@@ -11,8 +11,13 @@
 //!
 //! Errors never quote the context's values or the template's string literals: they name the
 //! construct (a field path, a function, a keyword).
+//!
+//! Work is bounded as well as size and depth (decision 0110-templates-bounded-in-work): every
+//! render runs within a [`Budget`] of [`MAX_STEPS`] steps and [`MAX_RENDER_TIME`].
 
 mod funcs;
+
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value};
 
@@ -25,16 +30,124 @@ fn err<T>(msg: impl Into<String>) -> Result<T, TemplateError> {
     Err(TemplateError(msg.into()))
 }
 
-/// Renders `text` with `${ }` delimiters against `ctx`.
+/// Steps one render may take: every node executed, range iteration, pipeline command and
+/// function call is one, and so is every [`BYTES_PER_STEP`] bytes a value, a function's
+/// result or the output holds. Fleet's templates take tens to a few thousand steps (a `range`
+/// over a 1 000-entry list with a few calls per entry is about 10 000); a million is a
+/// hundredfold margin over that and takes tens of milliseconds, where nested ranges (1 001^5
+/// iterations) would otherwise hold a hub thread for hours.
+pub const MAX_STEPS: u64 = 1_000_000;
+
+/// Wall-clock time one render may take, the backstop for steps that cost more than the step
+/// count says (a clone of a large value): [`MAX_STEPS`] take well under it, and a hub planning
+/// a Bundle for 100 clusters spends at most 10 s on its templates.
+pub const MAX_RENDER_TIME: Duration = Duration::from_millis(100);
+
+/// Bytes one step pays for (a copy of 64 bytes costs about what a step does).
+pub const BYTES_PER_STEP: usize = 64;
+
+/// Steps between two looks at the clock (reading it costs about 25 ns; 256 steps a few µs).
+const STEPS_PER_CLOCK: u64 = 256;
+
+/// The work a render may still do. One budget may be shared by several renders (one cluster's
+/// values, `customize::preprocess`), so the number of templated strings does not multiply it.
+#[derive(Debug, Clone)]
+pub struct Budget {
+    steps: u64,
+    max_steps: u64,
+    started: Instant,
+    max_time: Duration,
+    next_clock: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self::new(MAX_STEPS, MAX_RENDER_TIME)
+    }
+}
+
+impl Budget {
+    /// `max_steps` steps and `max_time` from now.
+    pub fn new(max_steps: u64, max_time: Duration) -> Self {
+        Self {
+            steps: 0,
+            max_steps,
+            started: Instant::now(),
+            max_time,
+            next_clock: STEPS_PER_CLOCK,
+        }
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Takes `n` steps; over the budget (steps, or time at every [`STEPS_PER_CLOCK`]) is an
+    /// error naming the budget, never what was being rendered.
+    pub(crate) fn charge(&mut self, n: u64) -> Result<(), TemplateError> {
+        self.steps = self.steps.saturating_add(n);
+        if self.steps > self.max_steps {
+            return err(format!(
+                "template exceeded its budget of {} steps",
+                self.max_steps
+            ));
+        }
+        if self.steps >= self.next_clock {
+            self.next_clock = self.steps + STEPS_PER_CLOCK;
+            if self.started.elapsed() > self.max_time {
+                return err(format!(
+                    "template exceeded its budget of {} ms",
+                    self.max_time.as_millis()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pays for `bytes` bytes about to be made or copied.
+    pub(crate) fn charge_bytes(&mut self, bytes: usize) -> Result<(), TemplateError> {
+        self.charge((bytes / BYTES_PER_STEP) as u64)
+    }
+
+    /// Pays for a copy of `v`: its text, or one step per entry of a list or map (the entries'
+    /// own contents were paid for when they were made, or are the context's).
+    pub(crate) fn charge_value(&mut self, v: &Value) -> Result<(), TemplateError> {
+        match v {
+            Value::String(s) => self.charge_bytes(s.len()),
+            Value::Array(a) => self.charge(a.len() as u64),
+            Value::Object(m) => self.charge(m.len() as u64),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Renders `text` with `${ }` delimiters against `ctx`, within a budget of its own.
 pub fn render(text: &str, ctx: &Value) -> Result<String, TemplateError> {
+    render_within(text, ctx, &mut Budget::default())
+}
+
+/// Renders `text` against `ctx`, taking its steps from `budget`.
+pub fn render_within(
+    text: &str,
+    ctx: &Value,
+    budget: &mut Budget,
+) -> Result<String, TemplateError> {
+    // Lexing and parsing are linear in the text (and the text is bounded by the object's size).
+    budget.charge_bytes(text.len())?;
     let pieces = lex(text)?;
-    let mut p = Parser { pieces, at: 0 };
+    let mut p = Parser {
+        pieces,
+        at: 0,
+        depth: 0,
+    };
     let nodes = p.nodes(&[])?;
     if p.at < p.pieces.len() {
         return err("unexpected {{end}} or {{else}} outside of if/with/range");
     }
     let mut out = String::new();
-    exec(&nodes, ctx, ctx, &mut out, 0)?;
+    let mut run = Run { root: ctx, budget };
+    run.exec(&nodes, ctx, &mut out, 0)?;
     Ok(out)
 }
 
@@ -258,6 +371,8 @@ enum Node {
 struct Parser {
     pieces: Vec<Piece>,
     at: usize,
+    /// Blocks open: parsing recurses per block, so its depth is bounded as execution's is.
+    depth: usize,
 }
 
 impl Parser {
@@ -300,6 +415,16 @@ impl Parser {
 
     /// An `if`/`with`/`range` block whose opening action's tokens after the keyword are `toks`.
     fn block(&mut self, kw: &str, toks: &[Tok]) -> Result<Node, TemplateError> {
+        if self.depth >= MAX_DEPTH {
+            return err("template nested too deeply");
+        }
+        self.depth += 1;
+        let node = self.block_body(kw, toks);
+        self.depth -= 1;
+        node
+    }
+
+    fn block_body(&mut self, kw: &str, toks: &[Tok]) -> Result<Node, TemplateError> {
         let pipe = pipeline(toks)?;
         let body = self.nodes(&["else", "end"])?;
         let Some(Piece::Action(next)) = self.pieces.get(self.at) else {
@@ -335,14 +460,17 @@ impl Parser {
 
 fn pipeline(toks: &[Tok]) -> Result<Pipeline, TemplateError> {
     let mut i = 0;
-    let p = pipeline_at(toks, &mut i)?;
+    let p = pipeline_at(toks, &mut i, 0)?;
     if i < toks.len() {
         return err("unexpected ) in an action");
     }
     Ok(p)
 }
 
-fn pipeline_at(toks: &[Tok], i: &mut usize) -> Result<Pipeline, TemplateError> {
+fn pipeline_at(toks: &[Tok], i: &mut usize, depth: usize) -> Result<Pipeline, TemplateError> {
+    if depth > MAX_DEPTH {
+        return err("template nested too deeply");
+    }
     let mut cmds = Vec::new();
     let mut cmd = Vec::new();
     while *i < toks.len() {
@@ -360,7 +488,7 @@ fn pipeline_at(toks: &[Tok], i: &mut usize) -> Result<Pipeline, TemplateError> {
                 break;
             }
             Tok::Open => {
-                let sub = pipeline_at(toks, i)?;
+                let sub = pipeline_at(toks, i, depth + 1)?;
                 if toks.get(*i) != Some(&Tok::Close) {
                     return err("unclosed (");
                 }
@@ -392,97 +520,128 @@ const MAX_DEPTH: usize = 50;
 /// Largest text one template may render (a `range` or `repeat` cannot make the hub hold more).
 pub(crate) const MAX_OUTPUT: usize = 1 << 20;
 
-fn exec(
-    nodes: &[Node],
-    dot: &Value,
-    root: &Value,
-    out: &mut String,
-    depth: usize,
-) -> Result<(), TemplateError> {
-    if depth > MAX_DEPTH {
-        return err("template nested too deeply");
-    }
-    for n in nodes {
-        if out.len() > MAX_OUTPUT {
-            return err("the rendered text is larger than 1 MiB");
+/// One execution: the context's root and the budget every step is taken from.
+struct Run<'a, 'b> {
+    root: &'a Value,
+    budget: &'b mut Budget,
+}
+
+impl Run<'_, '_> {
+    fn exec(
+        &mut self,
+        nodes: &[Node],
+        dot: &Value,
+        out: &mut String,
+        depth: usize,
+    ) -> Result<(), TemplateError> {
+        if depth > MAX_DEPTH {
+            return err("template nested too deeply");
         }
-        match n {
-            Node::Text(t) => out.push_str(t),
-            Node::Out(p) => out.push_str(&funcs::print(&eval(p, dot, root)?)),
-            Node::If(p, then, other) => {
-                let branch = if funcs::truth(&eval(p, dot, root)?) {
-                    then
-                } else {
-                    other
-                };
-                exec(branch, dot, root, out, depth + 1)?;
+        for n in nodes {
+            self.budget.charge(1)?;
+            if out.len() > MAX_OUTPUT {
+                return err("the rendered text is larger than 1 MiB");
             }
-            Node::With(p, then, other) => {
-                let v = eval(p, dot, root)?;
-                if funcs::truth(&v) {
-                    exec(then, &v, root, out, depth + 1)?;
-                } else {
-                    exec(other, dot, root, out, depth + 1)?;
+            match n {
+                Node::Text(t) => {
+                    self.budget.charge_bytes(t.len())?;
+                    out.push_str(t);
                 }
-            }
-            Node::Range(p, body, other) => {
-                let v = eval(p, dot, root)?;
-                let items: Vec<Value> = match &v {
-                    Value::Array(a) => a.clone(),
-                    // Go ranges over a map in key order.
-                    Value::Object(m) => {
-                        let mut keys: Vec<&String> = m.keys().collect();
-                        keys.sort();
-                        keys.into_iter().map(|k| m[k].clone()).collect()
+                Node::Out(p) => {
+                    let text = funcs::print(&self.eval(p, dot)?);
+                    self.budget.charge_bytes(text.len())?;
+                    out.push_str(&text);
+                }
+                Node::If(p, then, other) => {
+                    let branch = if funcs::truth(&self.eval(p, dot)?) {
+                        then
+                    } else {
+                        other
+                    };
+                    self.exec(branch, dot, out, depth + 1)?;
+                }
+                Node::With(p, then, other) => {
+                    let v = self.eval(p, dot)?;
+                    if funcs::truth(&v) {
+                        self.exec(then, &v, out, depth + 1)?;
+                    } else {
+                        self.exec(other, dot, out, depth + 1)?;
                     }
-                    Value::Null => Vec::new(),
-                    _ => return err("range over something that is neither a list nor a map"),
-                };
-                if items.is_empty() {
-                    exec(other, dot, root, out, depth + 1)?;
                 }
-                for item in &items {
-                    exec(body, item, root, out, depth + 1)?;
+                Node::Range(p, body, other) => {
+                    let v = self.eval(p, dot)?;
+                    let items: Vec<&Value> = match &v {
+                        Value::Array(a) => a.iter().collect(),
+                        // Go ranges over a map in key order.
+                        Value::Object(m) => {
+                            let mut keys: Vec<&String> = m.keys().collect();
+                            keys.sort();
+                            keys.into_iter().map(|k| &m[k]).collect()
+                        }
+                        Value::Null => Vec::new(),
+                        _ => return err("range over something that is neither a list nor a map"),
+                    };
+                    if items.is_empty() {
+                        self.exec(other, dot, out, depth + 1)?;
+                    }
+                    for item in items {
+                        // Each iteration is a step even when its body is empty.
+                        self.budget.charge(1)?;
+                        self.exec(body, item, out, depth + 1)?;
+                    }
                 }
             }
         }
+        Ok(())
     }
-    Ok(())
-}
 
-fn eval(p: &Pipeline, dot: &Value, root: &Value) -> Result<Value, TemplateError> {
-    let mut last: Option<Value> = None;
-    for cmd in p {
-        let (head, rest) = cmd.split_first().expect("commands are never empty");
-        let mut args = Vec::with_capacity(rest.len() + 1);
-        for a in rest {
-            args.push(operand(a, dot, root)?);
+    fn eval(&mut self, p: &Pipeline, dot: &Value) -> Result<Value, TemplateError> {
+        let mut last: Option<Value> = None;
+        for cmd in p {
+            self.budget.charge(1)?;
+            let (head, rest) = cmd.split_first().expect("commands are never empty");
+            let mut args = Vec::with_capacity(rest.len() + 1);
+            for a in rest {
+                args.push(self.operand(a, dot)?);
+            }
+            last = Some(match head {
+                Arg::Func(f) => {
+                    if let Some(prev) = last.take() {
+                        args.push(prev);
+                    }
+                    self.call(f, args)?
+                }
+                a => {
+                    if !args.is_empty() || last.is_some() {
+                        return err("only a function takes arguments");
+                    }
+                    self.operand(a, dot)?
+                }
+            });
         }
-        last = Some(match head {
-            Arg::Func(f) => {
-                if let Some(prev) = last.take() {
-                    args.push(prev);
-                }
-                funcs::call(f, args)?
-            }
-            a => {
-                if !args.is_empty() || last.is_some() {
-                    return err("only a function takes arguments");
-                }
-                operand(a, dot, root)?
-            }
-        });
+        Ok(last.unwrap_or(Value::Null))
     }
-    Ok(last.unwrap_or(Value::Null))
-}
 
-fn operand(a: &Arg, dot: &Value, root: &Value) -> Result<Value, TemplateError> {
-    match a {
-        Arg::Field(path) => walk(dot, path),
-        Arg::Root(path) => walk(root, path),
-        Arg::Lit(v) => Ok(v.clone()),
-        Arg::Sub(p) => eval(p, dot, root),
-        Arg::Func(f) => funcs::call(f, Vec::new()),
+    fn operand(&mut self, a: &Arg, dot: &Value) -> Result<Value, TemplateError> {
+        let v = match a {
+            Arg::Field(path) => walk(dot, path)?,
+            Arg::Root(path) => walk(self.root, path)?,
+            Arg::Lit(v) => v.clone(),
+            Arg::Sub(p) => return self.eval(p, dot),
+            Arg::Func(f) => return self.call(f, Vec::new()),
+        };
+        // A copy of the context's value or a literal.
+        self.budget.charge_value(&v)?;
+        Ok(v)
+    }
+
+    /// A function call: a step, what it makes bounded before it is made (in
+    /// [`funcs::call`]), and its result paid for.
+    fn call(&mut self, f: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
+        self.budget.charge(1)?;
+        let v = funcs::call(f, args, self.budget)?;
+        self.budget.charge_value(&v)?;
+        Ok(v)
     }
 }
 

@@ -167,3 +167,28 @@ fn namespace_labels_merge_per_target() {
     assert_eq!(opts("c-dev").namespace_labels["tier"], "1");
     assert_eq!(opts("c-dev").namespace_annotations["owner"], "a");
 }
+
+#[test]
+fn a_template_over_its_budget_blocks_its_cluster_naming_the_budget() {
+    // Issue 36: `range` five deep over 1 001 entries, a cluster's template run for hours.
+    let open = r#"${ range (splitList "," (repeat 1000 "a,")) }"#;
+    let bomb = format!("{}x{}", open.repeat(5), "${ end }".repeat(5));
+    let s = spec(json!({
+        "helm": {"chart": "app", "repo": "https://c", "values": {"bomb": bomb, "env": "${ .ClusterLabels.env }"}},
+        "targets": [
+            {"clusterName": "c-prod", "helm": {"values": {"bomb": "defused"}}},
+            {"clusterSelector": {}}
+        ]
+    }));
+    let p = run(&s);
+    assert_eq!(
+        values(&p, "c-prod"),
+        json!({"bomb": "defused", "env": "prod"})
+    );
+    assert_eq!(p.template_failed.len(), 2, "{:?}", p.template_failed);
+    for (f, cluster) in p.template_failed.iter().zip(["c-dev", "c-test"]) {
+        let prefix = format!("{cluster}: helm.values.bomb: template exceeded its budget of ");
+        assert!(f.starts_with(&prefix), "{f}");
+        assert!(!f.contains("a,"), "{f}");
+    }
+}
