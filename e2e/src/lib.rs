@@ -27,6 +27,7 @@ use tokio::sync::OnceCell;
 /// tests keep out of each other's way by using their own namespaces.
 pub async fn shared_env(downstream: usize) -> &'static TestEnv {
     static ENV: OnceCell<TestEnv> = OnceCell::const_new();
+    require_bubblewrap();
     let env = ENV
         .get_or_init(|| async {
             TestEnv::start(EnvOptions {
@@ -66,3 +67,26 @@ pub mod peers;
 pub mod proxy;
 pub mod real_charts;
 pub mod running;
+
+/// What a machine without bubblewrap is told, once, instead of a panic per test that runs a
+/// binary under its pod's securityContext ([`local_pod`]).
+pub const BUBBLEWRAP_MISSING: &str = "tender-e2e: bubblewrap (`bwrap`) is not installed; the end-to-end tests run tender's binaries under their pod's securityContext with it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap)";
+
+/// Whether `bwrap` is on `PATH`.
+pub fn bubblewrap_installed() -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| dir.join("bwrap").is_file())
+    })
+}
+
+/// Ends this test process with [`BUBBLEWRAP_MISSING`] when `bwrap` is missing: one line, and
+/// `cargo test` stops at the first test binary that needs it.
+pub(crate) fn require_bubblewrap() {
+    static CHECKED: std::sync::Once = std::sync::Once::new();
+    CHECKED.call_once(|| {
+        if !bubblewrap_installed() {
+            eprintln!("{BUBBLEWRAP_MISSING}");
+            std::process::exit(2);
+        }
+    });
+}

@@ -213,6 +213,7 @@ mod tests {
     fn stopping_a_sandboxed_program_terminates_it_gracefully() {
         let dir = std::env::temp_dir().join(crate::unique_name("tender-process-test"));
         std::fs::create_dir_all(&dir).unwrap();
+        crate::require_bubblewrap();
         let log = dir.join("log");
         let args: Vec<String> = [
             "--ro-bind",
