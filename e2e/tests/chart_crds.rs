@@ -142,9 +142,15 @@ fn show(events: &[Recorded]) -> String {
         .join("\n")
 }
 
-/// Every CRD was created after `start` before anything else of the chart was written.
+/// Every CRD was created after `start` before anything else of the chart (hooks included) was
+/// written. Only the chart's objects count: the namespace's `default` ServiceAccount is the
+/// controller-manager's.
 fn crds_first(events: &[Recorded], start: u64, objs: &[Rendered]) {
     let since: Vec<&Recorded> = events.iter().filter(|e| e.rv > start).collect();
+    let charts = |e: &&&Recorded| {
+        objs.iter()
+            .any(|o| o.kind == e.kind && o.name == e.name && o.namespace == e.namespace)
+    };
     let last_crd = crds(objs)
         .iter()
         .map(|c| {
@@ -159,6 +165,7 @@ fn crds_first(events: &[Recorded], start: u64, objs: &[Rendered]) {
     let first_other = since
         .iter()
         .filter(|e| e.kind != "CustomResourceDefinition")
+        .filter(charts)
         .filter(|e| matches!(e.what, What::Created | What::Modified))
         .min_by_key(|e| e.rv)
         .unwrap_or_else(|| panic!("nothing else written:\n{}", show(events)));
