@@ -32,6 +32,15 @@ pub const INGRESS_NGINX_CHART: &str = "charts/ingress-nginx";
 /// dependencies (`crds`, `grafana`) are vendored in the same archive under `charts/`.
 pub const KYVERNO_CHART: &str = "charts/kyverno";
 
+/// The Go module holding node-feature-discovery's chart: its `crds/nfd-api-crds.yaml` is
+/// controller-gen output that starts with `---` and holds three CRDs (`chart_crds.rs`).
+pub const NFD_MODULE: &str = "sigs.k8s.io/node-feature-discovery";
+/// The module version (its chart is node-feature-discovery 0.2.1, app v0.17.3). `.ci/run`
+/// reads it.
+pub const NFD_VERSION: &str = "v0.17.3";
+/// The chart directory inside the node-feature-discovery module.
+pub const NFD_CHART: &str = "deployment/helm/node-feature-discovery";
+
 /// The Kubernetes version charts are rendered for (their `kubeVersion` constraints).
 const KUBE_VERSION: &str = crate::KUBERNETES_VERSION;
 
@@ -42,6 +51,28 @@ pub fn ingress_nginx_chart_dir() -> Result<PathBuf> {
         crate::build::go_module_dir(&tools, INGRESS_NGINX_MODULE, INGRESS_NGINX_VERSION)?
             .join(INGRESS_NGINX_CHART),
     )
+}
+
+/// The chart directory of node-feature-discovery in Go's module cache (downloaded if needed).
+pub fn nfd_chart_dir() -> Result<PathBuf> {
+    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/real-charts");
+    Ok(crate::build::go_module_dir(&tools, NFD_MODULE, NFD_VERSION)?.join(NFD_CHART))
+}
+
+/// A writable copy of chart directory `src` under `dest` (module archives are read-only), so
+/// a test can add a template to a real chart.
+pub fn copy_chart(src: &Path, dest: &Path) -> Result<()> {
+    std::fs::create_dir_all(dest)?;
+    for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
+        let entry = entry?;
+        let to = dest.join(entry.file_name());
+        if entry.file_type()?.is_dir() {
+            copy_chart(&entry.path(), &to)?;
+        } else {
+            std::fs::write(&to, std::fs::read(entry.path())?)?;
+        }
+    }
+    Ok(())
 }
 
 /// The chart directory of Kyverno in Go's module cache (downloaded if needed).
@@ -62,22 +93,37 @@ pub struct RealCharts {
 impl RealCharts {
     /// Packages ingress-nginx and Kyverno from their module archives and serves them.
     pub async fn start(user: &str, password: &str) -> Result<RealCharts> {
+        Self::serve(
+            user,
+            password,
+            &[
+                ("ingress-nginx", ingress_nginx_chart_dir()?),
+                ("kyverno", kyverno_chart_dir()?),
+            ],
+        )
+        .await
+    }
+
+    /// Packages the charts `(name, directory)` (each named `name` in its Chart.yaml) and
+    /// serves them.
+    pub async fn serve(
+        user: &str,
+        password: &str,
+        sources: &[(&str, PathBuf)],
+    ) -> Result<RealCharts> {
         let helm = crate::ensure_helm()?;
         let root = std::env::temp_dir().join(crate::unique_name("tender-real-charts"));
         let dir = root.join("repo");
         std::fs::create_dir_all(&dir)?;
         let mut charts = BTreeMap::new();
-        for (name, src) in [
-            ("ingress-nginx", ingress_nginx_chart_dir()?),
-            ("kyverno", kyverno_chart_dir()?),
-        ] {
+        for (name, src) in sources {
             let meta: Value = serde_saphyr::from_str(
                 &std::fs::read_to_string(src.join("Chart.yaml"))
                     .with_context(|| format!("reading {}", src.display()))?,
             )?;
             let version = meta["version"].as_str().context("Chart.yaml version")?;
             // `helm package` checks that every dependency is in charts/ (no download).
-            run_helm(&helm, &["package", path_str(&src)?, "-d", path_str(&dir)?])?;
+            run_helm(&helm, &["package", path_str(src)?, "-d", path_str(&dir)?])?;
             let archive = dir.join(format!("{name}-{version}.tgz"));
             if !archive.exists() {
                 bail!("helm package did not write {}", archive.display());

@@ -99,8 +99,8 @@ impl Run<'_> {
     async fn entry(&self, entry: &Entry, done: &mut Executed) -> ObjectStatus {
         match entry {
             Entry::Report(s) => s.clone(),
-            Entry::Apply { desired, chart } => {
-                let mode = if *chart { self.chart_mode } else { self.mode };
+            Entry::Apply { desired, .. } => {
+                let mode = entry.mode(self.mode, self.chart_mode);
                 sync_object(
                     self.ctx,
                     self.writer,

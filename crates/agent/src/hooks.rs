@@ -254,6 +254,16 @@ pub fn split(docs: Vec<(Option<String>, Value)>) -> RenderedChart {
             out.objects.push(Manifest(item));
         }
     }
+    // One CRD once: a `crds/` CRD rendered again (another file, or also under `templates/`)
+    // stays the `crds/` one — applied first and never deleted — instead of a second object
+    // that would conflict with it or delete it.
+    let mut seen = std::collections::BTreeSet::new();
+    out.crds
+        .retain(|m| seen.insert(m.name().unwrap_or_default().to_string()));
+    out.objects.retain(|m| {
+        !(m.kind() == Some("CustomResourceDefinition")
+            && seen.contains(m.name().unwrap_or_default()))
+    });
     out.objects
         .sort_by_key(|m| install_rank(m.kind().unwrap_or_default()));
     out
@@ -333,13 +343,18 @@ mod tests {
     #[test]
     fn crds_from_the_crds_directory_are_apart_and_objects_follow_install_order() {
         let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "a.x.io"}});
+        let mut other = crd.clone();
+        other["metadata"]["name"] = json!("b.x.io");
         let chart = split(vec![
             (
                 Some("app/templates/deploy.yaml".into()),
                 obj("Deployment", "d", json!({})),
             ),
             (Some("app/crds/a.yaml".into()), crd.clone()),
-            (Some("app/templates/crd.yaml".into()), crd),
+            (Some("app/templates/crd.yaml".into()), other),
+            // The same CRD again (another crds/ file, or under templates/): the crds/ one.
+            (Some("app/crds/again.yaml".into()), crd.clone()),
+            (Some("app/templates/dup.yaml".into()), crd),
             (
                 Some("app/templates/sa.yaml".into()),
                 obj("ServiceAccount", "s", json!({})),
@@ -350,6 +365,17 @@ mod tests {
             ),
         ]);
         assert_eq!(chart.crds.len(), 1);
+        let crd_objects: Vec<_> = chart
+            .objects
+            .iter()
+            .filter(|m| m.kind() == Some("CustomResourceDefinition"))
+            .map(|m| m.name().unwrap())
+            .collect();
+        assert_eq!(
+            crd_objects,
+            ["b.x.io"],
+            "a templates/ CRD is an ordinary object"
+        );
         let kinds: Vec<_> = chart.objects.iter().map(|m| m.kind().unwrap()).collect();
         assert_eq!(
             kinds,

@@ -228,13 +228,19 @@ async fn read_bounded(
 /// The objects of `helm template` output, split into CRDs from `crds/`, ordinary objects and
 /// hooks ([`hooks::split`]): empty documents dropped, `List`s flattened, each document's
 /// `# Source:` path kept for the split.
+///
+/// A `# Source:` line holds for the documents after it until the next one: Helm prints a
+/// `crds/` file whole under one `---\n# Source: <file>` header, so a file that starts with
+/// `---` (controller-gen's output) or holds several CRDs yields documents without a Source
+/// line of their own — taken for ordinary objects they would be deleted with the Bundle, and
+/// every custom resource of their kinds with them.
 pub fn parse_rendered(text: &str) -> Result<RenderedChart, String> {
     let mut docs = Vec::new();
+    let mut source: Option<String> = None;
     for chunk in documents(text) {
-        let source = chunk
-            .lines()
-            .find_map(|l| l.strip_prefix("# Source: "))
-            .map(|s| s.trim().to_string());
+        if let Some(s) = chunk.lines().find_map(|l| l.strip_prefix("# Source: ")) {
+            source = Some(s.trim().to_string());
+        }
         let parsed = serde_saphyr::from_str::<Option<Value>>(chunk)
             .map_err(|_| "the chart rendered invalid YAML".to_string())?;
         let Some(doc) = parsed else { continue };
@@ -254,15 +260,19 @@ pub fn parse_rendered(text: &str) -> Result<RenderedChart, String> {
     Ok(hooks::split(docs))
 }
 
-/// The YAML documents of a stream, split at `---` lines (helm prints each under its own).
+/// The YAML documents of a stream, split at `---` lines (helm prints each under its own). What
+/// follows `--- ` on its line (a comment, or the start of the document) begins the next one.
 fn documents(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut offset = 0;
     for line in text.split_inclusive('\n') {
-        if line.trim_end() == "---" || line.starts_with("--- ") {
+        if line.trim_end() == "---" {
             out.push(&text[start..offset]);
             start = offset + line.len();
+        } else if line.starts_with("--- ") || line.starts_with("---\t") {
+            out.push(&text[start..offset]);
+            start = offset + 4;
         }
         offset += line.len();
     }
@@ -361,6 +371,62 @@ mod tests {
         assert_eq!(got.objects[0].0["data"], json!({"k": "v"}));
         assert_eq!(got.hooks.len(), 1);
         assert_eq!(got.hooks[0].manifest.name(), Some("migrate"));
+    }
+
+    fn crd(name: &str) -> String {
+        format!(
+            "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata:\n  \
+             name: {name}\nspec:\n  group: x.io\n"
+        )
+    }
+
+    fn crd_names(chart: &RenderedChart) -> Vec<&str> {
+        chart.crds.iter().map(|m| m.name().unwrap()).collect()
+    }
+
+    /// Helm prints each `crds/` file as `---\n# Source: <file>\n<file>\n`, the file whole:
+    /// a file that starts with `---` puts its Source line in a block of its own.
+    #[test]
+    fn crds_files_that_start_with_a_separator_stay_crds() {
+        let text = format!(
+            "---\n# Source: app/crds/widgets.yaml\n---\n{}---\n{}\n\
+             ---\n# Source: app/crds/plain.yaml\n{}\n\
+             ---\n# Source: app/templates/cm.yaml\napiVersion: v1\nkind: ConfigMap\n\
+             metadata:\n  name: a\n",
+            crd("widgets.x.io"),
+            crd("gadgets.x.io"),
+            crd("plain.x.io")
+        );
+        let got = parse_rendered(&text).unwrap();
+        assert_eq!(
+            crd_names(&got),
+            ["widgets.x.io", "gadgets.x.io", "plain.x.io"]
+        );
+        let names: Vec<_> = got.objects.iter().map(|m| m.name().unwrap()).collect();
+        assert_eq!(names, ["a"], "only the template is an ordinary object");
+    }
+
+    #[test]
+    fn crds_files_with_comments_and_separators_with_comments_stay_crds() {
+        let text = format!(
+            "---\n# Source: app/crds/all.yaml\n# Copyright the authors.\n# License: Apache-2.0\n\
+             --- # the first CRD\n{}\n---\n# only a comment\n---\n\n{}---\n\
+             ---\n# Source: app/crds/inline.yaml\n--- {}\n\
+             ---\n# Source: app/templates/crd.yaml\n{}",
+            crd("a.x.io"),
+            crd("b.x.io"),
+            "{apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, \
+             metadata: {name: c.x.io}}",
+            crd("templated.x.io")
+        );
+        let got = parse_rendered(&text).unwrap();
+        assert_eq!(crd_names(&got), ["a.x.io", "b.x.io", "c.x.io"]);
+        let names: Vec<_> = got.objects.iter().map(|m| m.name().unwrap()).collect();
+        assert_eq!(
+            names,
+            ["templated.x.io"],
+            "a templates/ CRD is an ordinary object"
+        );
     }
 
     #[test]

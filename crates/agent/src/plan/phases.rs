@@ -11,7 +11,7 @@ use tender_types::hash::value_hash;
 use tender_types::labels;
 use tender_types::{BundleDeploymentOptions, Manifest, ObjectRef, ObjectState, ObjectStatus};
 
-use super::{Desired, Owner, Planned, group_of, manifest, prune_set, union};
+use super::{Desired, Mode, Owner, Planned, group_of, manifest, prune_set, union};
 use crate::hooks::{DeletePolicy, HookEvent};
 use crate::policy::Policy;
 
@@ -85,6 +85,9 @@ pub enum Entry {
         desired: Desired,
         /// Rendered by the chart.
         chart: bool,
+        /// A CRD of the chart's `crds/`: one that exists without tender's metadata (a hook or
+        /// an earlier Helm install made it) is the chart's own and adopted, never a Conflict.
+        adopt: bool,
     },
     /// Run a hook.
     Hook(HookStep),
@@ -93,8 +96,27 @@ pub enum Entry {
 impl Entry {
     fn of(planned: Planned, chart: bool) -> Self {
         match planned {
-            Ok(desired) => Self::Apply { desired, chart },
+            Ok(desired) => Self::Apply {
+                desired,
+                chart,
+                adopt: false,
+            },
             Err(status) => Self::Report(status),
+        }
+    }
+
+    /// How an entry is written: `manifests` for inline manifests and copies, `chart` for the
+    /// chart's objects; a `crds/` CRD is adopted whatever `takeOwnership` says (Helm's own
+    /// `crds/` install never fails on an existing CRD). Another BundleDeployment's CRD stays a
+    /// Conflict ([`super::may_write`]).
+    pub fn mode(&self, manifests: Mode, chart: Mode) -> Mode {
+        match self {
+            Self::Apply { adopt: true, .. } => Mode {
+                take_ownership: true,
+                ..chart
+            },
+            Self::Apply { chart: true, .. } => chart,
+            _ => manifests,
         }
     }
 
@@ -336,7 +358,17 @@ pub fn plan(observed: Observed, policy: &Policy, agent_namespace: &str) -> Deplo
         },
         PlannedPhase {
             phase: Phase::Crds,
-            entries: crds.into_iter().map(|p| Entry::of(p, true)).collect(),
+            entries: crds
+                .into_iter()
+                .map(|p| match Entry::of(p, true) {
+                    Entry::Apply { desired, chart, .. } => Entry::Apply {
+                        desired,
+                        chart,
+                        adopt: true,
+                    },
+                    e => e,
+                })
+                .collect(),
         },
     ];
     let (pre, post) = HookEvent::around(upgrade);

@@ -2,7 +2,7 @@ use serde_json::json;
 use tender_types::{Manifest, ObjectState};
 
 use super::super::fixtures::*;
-use super::super::{key, manifest};
+use super::super::{key, manifest, object_plan};
 use super::*;
 use crate::hooks::{DeletePolicy, HookEvent};
 use crate::policy::Policy;
@@ -314,4 +314,118 @@ fn a_refused_or_unrendered_entry_is_reported_not_written() {
 fn a_hook_failure_names_its_deployment() {
     assert_eq!(run_marker("0123456789abcdef"), "[deployment 0123456789ab]");
     assert_eq!(run_marker("d2"), "[deployment d2]");
+}
+
+/// The `crds/` entry of `plan`, with the mode it is written in.
+fn crd_entry(plan: &DeployPlan, manifests: Mode, chart: Mode) -> (Desired, Mode) {
+    let phase = plan
+        .phases
+        .iter()
+        .find(|p| p.phase == Phase::Crds)
+        .expect("a CRDs phase");
+    match &phase.entries[..] {
+        [e @ Entry::Apply { desired, .. }] => (desired.clone(), e.mode(manifests, chart)),
+        other => panic!("one CRD to apply: {other:?}"),
+    }
+}
+
+fn crd_key(name: &str) -> tender_runtime::ObjectKey {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    tender_runtime::ObjectKey::of::<CustomResourceDefinition>(None, name)
+}
+
+/// A pre-install hook that creates (or replaces) one of the chart's `crds/` CRDs leaves it
+/// without tender's metadata: the chart's own CRD is adopted (Helm skips an existing `crds/`
+/// CRD), never a Conflict, whatever takeOwnership says; another BundleDeployment's stays one,
+/// and so does an unmanaged CRD the chart renders under `templates/`.
+#[test]
+fn a_crds_crd_a_hook_made_is_adopted_not_a_conflict() {
+    let plan = planned(observed(true, false));
+    let mode = Mode {
+        pending: true,
+        correct_drift: false,
+        take_ownership: false,
+    };
+    let (desired, crd_mode) = crd_entry(&plan, mode, mode);
+    assert!(crd_mode.take_ownership);
+    let key = crd_key("widgets.x.io");
+    let made_by_hook = json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.x.io", "uid": "u", "resourceVersion": "3",
+                     "annotations": {"note": "the hook's"}},
+        "spec": {"group": "x.io"}
+    });
+    for pending in [true, false] {
+        let mode = Mode {
+            pending,
+            ..crd_mode
+        };
+        assert!(
+            matches!(
+                object_plan(&desired, &key, Some(&made_by_hook), &owner(), mode),
+                super::super::ObjectPlan::Write { .. }
+            ),
+            "adopted (pending: {pending})"
+        );
+    }
+    let mut theirs = made_by_hook.clone();
+    theirs["metadata"]["annotations"][tender_types::labels::OWNER_ANNOTATION] =
+        json!("cluster-ws-c2-1/other");
+    assert!(matches!(
+        object_plan(&desired, &key, Some(&theirs), &owner(), crd_mode),
+        super::super::ObjectPlan::Settled {
+            state: ObjectState::Conflict,
+            ..
+        }
+    ));
+    // Any other entry keeps the takeOwnership it was given.
+    let objects = plan
+        .phases
+        .iter()
+        .find(|p| p.phase == Phase::Objects)
+        .unwrap();
+    assert!(
+        objects
+            .entries
+            .iter()
+            .all(|e| !e.mode(mode, mode).take_ownership)
+    );
+}
+
+/// A `crds/` CRD is never deleted: not when the Bundle goes (keepResources or not), not when
+/// an upgrade stops rendering it — it is stripped of tender's metadata and stays, and every
+/// custom resource of its kind with it.
+#[test]
+fn a_crds_crd_is_never_deleted() {
+    use super::super::removal_op;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use tender_runtime::Op;
+
+    let plan = planned(observed(true, false));
+    let mode = Mode {
+        pending: true,
+        correct_drift: false,
+        take_ownership: false,
+    };
+    let (desired, _) = crd_entry(&plan, mode, mode);
+    assert!(!plan.prune.contains(&desired.key), "desired, not pruned");
+    let mut live: ObjectMeta = serde_json::from_value(desired.body["metadata"].clone()).unwrap();
+    live.uid = Some("u".into());
+    for keep in [false, true] {
+        let op = removal_op(crd_key("widgets.x.io"), &live, &owner(), keep);
+        assert!(
+            matches!(op, Some((Op::MergePatch { .. }, "strip"))),
+            "keepResources {keep}: {op:?}"
+        );
+    }
+    // An upgrade whose chart no longer has the CRD prunes it: stripped, not deleted.
+    let mut next = observed(true, true);
+    next.crds.clear();
+    next.previous.push(desired.key.clone());
+    let upgrade = planned(next);
+    assert!(upgrade.prune.contains(&desired.key));
+    assert!(matches!(
+        removal_op(crd_key("widgets.x.io"), &live, &owner(), false),
+        Some((Op::MergePatch { .. }, "strip"))
+    ));
 }
