@@ -74,9 +74,8 @@ pub const BUBBLEWRAP_MISSING: &str = "tender-e2e: bubblewrap (`bwrap`) is not in
 
 /// Whether `bwrap` is on `PATH`.
 pub fn bubblewrap_installed() -> bool {
-    std::env::var_os("PATH").is_some_and(|path| {
-        std::env::split_paths(&path).any(|dir| dir.join("bwrap").is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("bwrap").is_file()))
 }
 
 /// Ends this test process with [`BUBBLEWRAP_MISSING`] when `bwrap` is missing: one line, and
