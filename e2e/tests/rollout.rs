@@ -495,11 +495,29 @@ async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and
             }
         }
     }
-    for copy in previous["copies"].as_object_mut().unwrap().values_mut() {
+    // Each kept copy with another password, kept under the key its new content hashes to.
+    let mut rekeyed = Vec::new();
+    for (key, copy) in previous["copies"].as_object().unwrap().clone() {
         use base64::Engine;
+        let mut copy = copy;
         copy["data"]["password"] = base64::engine::general_purpose::STANDARD
             .encode("evil")
             .into();
+        let secret: Secret = serde_json::from_value(copy.clone()).unwrap();
+        let (name, _) = key.rsplit_once('@').unwrap();
+        let new_key = format!("{name}@{}", tender_types::hash::secret_hash(&secret));
+        rekeyed.push((key, new_key, copy));
+    }
+    for (old_key, new_key, copy) in rekeyed {
+        previous["copies"].as_object_mut().unwrap().remove(&old_key);
+        previous["copies"][&new_key] = copy;
+        for cluster in previous["clusters"].as_object_mut().unwrap().values_mut() {
+            for k in cluster["copies"].as_array_mut().unwrap() {
+                if *k == old_key.as_str() {
+                    *k = new_key.clone().into();
+                }
+            }
+        }
     }
     forge_rollout_state(
         &fleet,
@@ -532,12 +550,18 @@ async fn a_bad_rotation_fails_wave_1_rolls_it_back_and_never_reaches_waves_2_and
         wave1.iter().cloned().collect::<BTreeSet<_>>(),
         "only wave 1 ever held the bad credential"
     );
-    // Wave 1 held the bad credential, and is back at the old one, ready.
+    // Wave 1 held the bad credential, and is back at the old one — the one the hub released,
+    // not what alice put in the kept revisions — ready.
     for c in &wave1 {
-        eventually(&format!("{c} back at good-1"), WAIT, || async {
-            Ok::<_, String>((fleet.current(c).as_deref() == Some("good-1")).then_some(()))
+        eventually(&format!("{c} rolled back"), WAIT, || async {
+            Ok::<_, String>((fleet.current(c).as_deref() != Some("bad")).then_some(()))
         })
         .await;
+        assert_eq!(
+            fleet.current(c).as_deref(),
+            Some("good-1"),
+            "{c} rolled back to what the hub released"
+        );
     }
     fleet.all_ready(&wave1).await;
     let b = fleet.bundle().await;
@@ -756,7 +780,8 @@ async fn a_good_rotation_passes_wave_by_wave_with_the_soak_and_pause_waits_for_r
     assert!(find_condition(&s.conditions, TYPE_READY).is_some());
 }
 
-/// When each BundleDeployment of `app` (by cluster) was last seen ready at its deploymentID.
+/// When each BundleDeployment of `app` (by cluster) was first seen ready at its current
+/// deploymentID and copies (a rotation changes only the copies, decision 0091).
 fn watch_ready_times(fleet: &Fleet) -> Arc<Mutex<BTreeMap<String, Instant>>> {
     let times: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
     let out = times.clone();
@@ -765,7 +790,7 @@ fn watch_ready_times(fleet: &Fleet) -> Arc<Mutex<BTreeMap<String, Instant>>> {
     tokio::spawn(async move {
         let mut stream =
             watcher::watcher(api, watcher::Config::default().labels(&selector)).boxed();
-        let mut ids: BTreeMap<String, String> = BTreeMap::new();
+        let mut ids: BTreeMap<String, (String, Option<String>)> = BTreeMap::new();
         while let Some(event) = stream.next().await {
             let Ok(Event::Apply(bd) | Event::InitApply(bd)) = event else {
                 continue;
@@ -782,8 +807,12 @@ fn watch_ready_times(fleet: &Fleet) -> Arc<Mutex<BTreeMap<String, Instant>>> {
                 s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
                     && is_true(&s.conditions, TYPE_READY)
             });
-            if ready && ids.get(&cluster) != Some(&bd.spec.deployment_id) {
-                ids.insert(cluster.clone(), bd.spec.deployment_id.clone());
+            let at = (
+                bd.spec.deployment_id.clone(),
+                bd.status.as_ref().and_then(|s| s.applied_copies_id.clone()),
+            );
+            if ready && ids.get(&cluster) != Some(&at) {
+                ids.insert(cluster.clone(), at);
                 out.lock().unwrap().insert(cluster, Instant::now());
             }
         }
