@@ -6,7 +6,7 @@
 //! Every apiserver of the environment writes `<state-dir>/<cluster>/audit.log` (JSON lines,
 //! level `Metadata`: no request or response bodies, so no Secret content). The environment's
 //! admin (the tests themselves, the controller-manager) and the apiserver's own loopback
-//! client are left out by the [`POLICY`]: what remains is tender's identities (the hub's
+//! client are left out by the [`crate::env::AUDIT_POLICY`]: what remains is tender's identities (the hub's
 //! ServiceAccount, agents, the Bundle ServiceAccounts they impersonate), the restricted test
 //! users, and every request that failed authentication.
 
@@ -18,16 +18,6 @@ use serde::Deserialize;
 use crate::env::ADMIN_USER;
 
 /// The audit policy of every test apiserver.
-pub const POLICY: &str = r#"apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived", "ResponseStarted"]
-rules:
-  - level: None
-    users: ["tender-admin", "system:apiserver"]
-  - level: None
-    nonResourceURLs: ["/healthz*", "/readyz*", "/livez*", "/version"]
-  - level: Metadata
-"#;
 
 /// The name every 401 is counted under: the apiserver could not tell who sent it.
 pub const UNAUTHENTICATED: &str = "(unauthenticated)";
@@ -99,6 +89,14 @@ impl std::fmt::Display for Answer {
 #[derive(Clone, Debug, Default)]
 pub struct Audit {
     pub answers: Vec<Answer>,
+}
+
+/// The audit log of a test cluster's apiserver, kept here so the environment needs nothing
+/// of this module.
+impl crate::env::TestEnv {
+    pub fn audit(&self, cluster: &str) -> Audit {
+        Audit::read(&self.audit_log(cluster))
+    }
 }
 
 impl Audit {
@@ -243,6 +241,6 @@ mod tests {
 
     #[test]
     fn the_policy_leaves_out_the_admin_the_tests_use() {
-        assert!(POLICY.contains(&format!("\"{ADMIN_USER}\"")));
+        assert!(crate::env::AUDIT_POLICY.contains(&format!("\"{ADMIN_USER}\"")));
     }
 }

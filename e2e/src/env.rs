@@ -261,7 +261,7 @@ impl TestEnv {
         )?);
 
         let audit_policy = state_dir.join("audit-policy.yaml");
-        fs::write(&audit_policy, crate::audit::POLICY)?;
+        fs::write(&audit_policy, AUDIT_POLICY)?;
 
         let mut names = vec![HUB.to_string()];
         names.extend((1..=opts.downstream).map(downstream_name));
@@ -314,7 +314,7 @@ impl TestEnv {
                         std::env::var_os("TENDER_E2E_PROFILING").is_some_and(|v| v == "1")
                     ),
                     "--enable-garbage-collector=true".into(),
-                    // Every request of an identity under test, as JSON lines (crate::audit).
+                    // Every request of an identity under test, as JSON lines (read by the audit module).
                     format!("--audit-policy-file={}", audit_policy.display()),
                     format!("--audit-log-path={}", p("audit.log")),
                     "--audit-log-format=json".into(),
@@ -509,7 +509,7 @@ impl TestEnv {
             .unwrap_or_else(|| panic!("no cluster {name} in the test environment"))
     }
 
-    /// The audit log of `cluster`'s apiserver (JSON lines; see [`crate::audit`]).
+    /// The audit log of `cluster`'s apiserver (JSON lines; read with `tender_e2e::audit`).
     pub fn audit_log(&self, cluster: &str) -> PathBuf {
         self.state_dir
             .join(&self.cluster(cluster).name)
@@ -517,9 +517,6 @@ impl TestEnv {
     }
 
     /// What `cluster`'s apiserver answered each identity under test so far.
-    pub fn audit(&self, cluster: &str) -> crate::audit::Audit {
-        crate::audit::Audit::read(&self.audit_log(cluster))
-    }
 
     /// The CA certificate (PEM) every apiserver's serving certificate chains to.
     pub fn ca_pem(&self) -> &str {
@@ -584,3 +581,14 @@ pub fn down(state_dir: &Path) -> Result<()> {
     let _ = fs::remove_file(state_dir.join("ready"));
     Ok(())
 }
+
+pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+  - level: None
+    users: ["tender-admin", "system:apiserver"]
+  - level: None
+    nonResourceURLs: ["/healthz*", "/readyz*", "/livez*", "/version"]
+  - level: Metadata
+"#;

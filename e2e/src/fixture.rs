@@ -168,7 +168,7 @@ impl Workspace {
         config.hub_signing_keys = if self.hub_instance.is_some() {
             crate::hub_harness::hub_signing_keys(&self.hub, &self.hub_ns).await
         } else {
-            crate::running::test_hub_signing_keys(&self.hub, &self.ns).await
+            crate::hub_harness::test_hub_signing_keys(&self.hub, &self.ns).await
         };
         config.heartbeat_interval = Duration::from_secs(2);
         config.cluster_status_interval = Duration::from_secs(300);

@@ -303,3 +303,35 @@ pub async fn agent_token(hub: &kube::Client, ns: &str, lifetime: Duration) -> Re
     }
     Ok(token)
 }
+
+/// The public signing keys an agent of workspace `ws` is registered with: those of the
+/// in-process hub serving it (its key Secret in the workspace), else of every hub key Secret
+/// in the environment (a hub binary's, in its release namespace; test environments only).
+pub(crate) async fn test_hub_signing_keys(hub: &kube::Client, ws: &str) -> String {
+    use k8s_openapi::api::core::v1::Secret;
+    let name = tender_types::names::HUB_SIGNING_KEY_SECRET;
+    let field = format!("metadata.name={name}");
+    for _ in 0..100 {
+        let own = Api::<Secret>::namespaced(hub.clone(), ws)
+            .get_opt(name)
+            .await;
+        let found: Vec<Secret> = match own {
+            Ok(Some(s)) => vec![s],
+            _ => Api::<Secret>::all(hub.clone())
+                .list(&kube::api::ListParams::default().fields(&field))
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default(),
+        };
+        let keys: Vec<String> = found
+            .into_iter()
+            .filter_map(|s| s.data?.get(tender_hub::signing::PUBLIC_KEYS_KEY).cloned())
+            .map(|k| String::from_utf8_lossy(&k.0).into_owned())
+            .collect();
+        if !keys.is_empty() {
+            return keys.join(",");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    String::new()
+}
