@@ -17,8 +17,6 @@ use serde::Deserialize;
 
 use crate::env::ADMIN_USER;
 
-/// The audit policy of every test apiserver.
-
 /// The name every 401 is counted under: the apiserver could not tell who sent it.
 pub const UNAUTHENTICATED: &str = "(unauthenticated)";
 
@@ -94,6 +92,7 @@ pub struct Audit {
 /// The audit log of a test cluster's apiserver, kept here so the environment needs nothing
 /// of this module.
 impl crate::env::TestEnv {
+    /// What `cluster`'s apiserver answered each identity under test so far.
     pub fn audit(&self, cluster: &str) -> Audit {
         Audit::read(&self.audit_log(cluster))
     }

@@ -516,8 +516,6 @@ impl TestEnv {
             .join("audit.log")
     }
 
-    /// What `cluster`'s apiserver answered each identity under test so far.
-
     /// The CA certificate (PEM) every apiserver's serving certificate chains to.
     pub fn ca_pem(&self) -> &str {
         &self.ca_pem
@@ -582,6 +580,7 @@ pub fn down(state_dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The audit policy of every test apiserver.
 pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived", "ResponseStarted"]
