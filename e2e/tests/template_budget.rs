@@ -62,10 +62,11 @@ impl Drop for OwnRuntimeHub {
     }
 }
 
-/// Helm values whose template is `range` nested `depth` deep over 1 001 entries each.
+/// Helm values whose template is `range` nested `depth` deep over 1 001 entries each, with
+/// an empty body: it renders nothing, so no size cap stops it (the issue's bomb).
 fn bomb(depth: usize) -> String {
     let open = r#"${ range (splitList "," (repeat 1000 "a,")) }"#;
-    format!("{}x{}", open.repeat(depth), "${ end }".repeat(depth))
+    format!("{}{}", open.repeat(depth), "${ end }".repeat(depth))
 }
 
 fn ready(b: &Bundle) -> Option<Condition> {
