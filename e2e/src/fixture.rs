@@ -27,9 +27,14 @@ use crate::{ADMIN_USER, HUB, TestEnv, eventually, unique_name};
 /// Ready, a Secret changed) before failing the test.
 pub const WAIT: Duration = Duration::from_secs(60);
 
-/// Longer than two of the agent's conflict re-checks (every 30 s): an object tender must not
-/// touch is watched across both, not sampled once.
-pub const CONFLICT_RECHECKS: Duration = Duration::from_secs(65);
+/// How often the fixtures' agents re-check a deployment blocked by a conflict or an error
+/// (`AgentConfig::conflict_recheck`, 30 s by default): the claim "untouched across two
+/// re-checks" is about tender's own timer, so the tests shorten the timer, not the claim.
+pub const TEST_CONFLICT_RECHECK: Duration = Duration::from_secs(3);
+
+/// Longer than two of the fixtures' agents' conflict re-checks ([`TEST_CONFLICT_RECHECK`]): an
+/// object tender must not touch is watched across both, not sampled once.
+pub const CONFLICT_RECHECKS: Duration = Duration::from_secs(7);
 
 /// The field manager the fixtures apply source objects and Bundles with.
 const FIELD_MANAGER: &str = "e2e";
@@ -172,6 +177,7 @@ impl Workspace {
         };
         config.heartbeat_interval = Duration::from_secs(2);
         config.cluster_status_interval = Duration::from_secs(300);
+        config.conflict_recheck = TEST_CONFLICT_RECHECK;
         (kubeconfig, config)
     }
 

@@ -401,7 +401,7 @@ async fn take_ownership_never_adopts_tenders_own_objects() {
     assert_eq!(before.2.as_deref(), Some("agent"));
     stays(
         "tender's own objects",
-        Duration::from_secs(65),
+        tender_e2e::fixture::CONFLICT_RECHECKS,
         &before,
         sample,
     )

@@ -9,6 +9,8 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Default interval of Lease renewals on the hub.
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+/// How often a deployment blocked by a conflict or an error looks again, by default.
+pub const DEFAULT_CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 /// Default minimum interval between writes of the Cluster's `status.agent` (unless it changed).
 pub const DEFAULT_CLUSTER_STATUS_INTERVAL: Duration = Duration::from_secs(300);
 
@@ -51,6 +53,10 @@ pub struct AgentConfig {
     /// decision 0089-signed-copies): a copy is deployed only if one of them, or a key the hub's
     /// key chain endorses from them, signed it.
     pub hub_signing_keys: String,
+    /// How often a deployment blocked by a conflict or an error looks again (an object someone
+    /// else made may go away, a failing apply may succeed): [`DEFAULT_CONFLICT_RECHECK`].
+    /// Tests shorten it to prove "untouched across two re-checks" in seconds.
+    pub conflict_recheck: Duration,
 }
 
 impl AgentConfig {
@@ -78,6 +84,7 @@ impl AgentConfig {
             bundle_service_account: None,
             allowed_bundle_service_accounts: Vec::new(),
             hub_signing_keys: String::new(),
+            conflict_recheck: DEFAULT_CONFLICT_RECHECK,
         }
     }
 }

@@ -15,9 +15,9 @@ use crate::plan::{self, Mode, Owner, Phase};
 use crate::status::Outcome;
 use crate::{Result, cleanup, observe, policy, report};
 
-/// Re-check of objects somebody else owns: their deletion does not reach our label-filtered watches.
-const CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 /// The hub's copy is behind the BundleDeployment; its watch normally triggers us first.
+/// (Objects somebody else owns are re-checked every `AgentConfig::conflict_recheck`: their
+/// deletion does not reach our label-filtered watches.)
 const COPY_WAIT: Duration = Duration::from_secs(2);
 /// A running hook's Job or Pod wakes the deployment when it changes; this is the fallback.
 const HOOK_POLL: Duration = Duration::from_secs(5);
@@ -163,7 +163,7 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
     Ok(if hook_running {
         Action::requeue(HOOK_POLL)
     } else {
-        next_look(&outcome)
+        next_look(&outcome, ctx.config.conflict_recheck)
     })
 }
 
@@ -247,8 +247,8 @@ async fn effective(
 }
 
 /// When to reconcile again: on change only, unless a copy is still missing on the hub (soon)
-/// or an object is blocked by a conflict or an error (every 30 s).
-fn next_look(outcome: &Outcome) -> Action {
+/// or an object is blocked by a conflict or an error (every `recheck`).
+fn next_look(outcome: &Outcome, recheck: Duration) -> Action {
     let blocked = outcome.copies.iter().chain(&outcome.manifests).any(|s| {
         matches!(
             s.state,
@@ -264,6 +264,6 @@ fn next_look(outcome: &Outcome) -> Action {
     {
         Action::requeue(COPY_WAIT)
     } else {
-        Action::requeue(CONFLICT_RECHECK)
+        Action::requeue(recheck)
     }
 }
