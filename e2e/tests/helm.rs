@@ -69,8 +69,9 @@ async fn wait_value(api: &Api<ConfigMap>, name: &str, key: &str, want: Option<&s
 }
 
 /// Waits for the `Deployed` condition's reason to be `want`; returns its message.
-/// Longer than one retry of a failed deployment (the agent re-plans it every 30 s).
-const RETRIES: Duration = Duration::from_secs(35);
+/// Longer than two retries of a failed deployment: the agent re-plans it every
+/// `AgentConfig::conflict_recheck` (30 s by default, 3 s for the fixtures' agents).
+const RETRIES: Duration = tender_e2e::fixture::CONFLICT_RECHECKS;
 
 /// The chart's deployed objects stay as they were (greeting `greeting`, `web-extra` there)
 /// across `window`: a failure never removes or changes what is deployed.
