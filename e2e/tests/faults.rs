@@ -34,8 +34,8 @@ const QUIET: Duration =
     Duration::from_secs(3 + tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY.as_secs());
 const CONVERGE: Duration = Duration::from_secs(300);
 
-/// The tests take turns: each starts its own environment and restarts its components.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+// Each test starts its own environment (and restarts only its own components); the binaries
+// they run get kernel-chosen ports: the tests run side by side (issue 38 item 3).
 
 /// Whether to run the issue's full sizes (`TENDER_E2E_FULL_FAULTS=1`).
 fn full() -> bool {
@@ -413,7 +413,6 @@ async fn downstream_converged(
 
 #[tokio::test]
 async fn the_hub_sigkilled_during_a_fan_out_converges_to_exactly_the_right_objects() {
-    let _serial = SERIAL.lock().await;
     let n = if full() { 500 } else { 100 };
     let env = OwnEnv::start(2).await;
     let ws = Workspace::without_hub(env.0, "faults-kill").await;
@@ -746,7 +745,6 @@ async fn rotation_arrives(
 
 #[tokio::test]
 async fn outages_of_the_hub_apiserver_a_downstream_apiserver_and_etcd_delete_nothing() {
-    let _serial = SERIAL.lock().await;
     let outage = Duration::from_secs(if full() { 60 } else { 15 });
     let env = OwnEnv::start(2).await;
     let ws = Workspace::without_hub(env.0, "faults-outage").await;
@@ -880,7 +878,6 @@ async fn outages_of_the_hub_apiserver_a_downstream_apiserver_and_etcd_delete_not
 
 #[tokio::test]
 async fn an_agent_whose_access_is_revoked_mid_watch_deletes_nothing_and_resumes() {
-    let _serial = SERIAL.lock().await;
     let window = Duration::from_secs(if full() { 30 } else { 10 });
     let env = OwnEnv::start(1).await;
     let ws = Workspace::without_hub(env.0, "faults-revoke").await;
@@ -1015,7 +1012,6 @@ async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
 
 #[tokio::test]
 async fn two_hub_replicas_fail_over_within_the_lease_without_write_fights() {
-    let _serial = SERIAL.lock().await;
     let n = 20;
     let env = OwnEnv::start(0).await;
     let ws = Workspace::without_hub(env.0, "faults-replicas").await;

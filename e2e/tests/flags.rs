@@ -23,8 +23,8 @@ use tender_types::{Cluster, labels, names};
 /// How long a check waits for its condition.
 const CONVERGE: Duration = Duration::from_secs(120);
 
-/// The tests take turns: each starts its own environment and restarts one of its components.
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+// Each test starts its own environment (and restarts only its own components); the binaries
+// they run get kernel-chosen ports: the tests run side by side (issue 38 item 3).
 
 /// The reason of condition `type_` on the object `value` (a Bundle, Cluster or
 /// BundleDeployment as JSON), if set.
@@ -143,7 +143,6 @@ fn copy_bundle(cluster: &str) -> Value {
 
 #[tokio::test]
 async fn every_hub_flag_and_chart_value_takes_effect_in_the_binary() {
-    let _serial = SERIAL.lock().await;
     let env = OwnEnv::start(1).await;
     // Hub A: the chart's defaults but one copyable kind. Hub B: every other value changed.
     let a_ws = Workspace::without_hub(env.0, "flags-a").await;
@@ -461,7 +460,6 @@ async fn stored_hub_kubeconfig(down: &kube::Client, ns: &str) -> String {
 
 #[tokio::test]
 async fn every_agent_flag_and_chart_value_takes_effect_in_the_binary() {
-    let _serial = SERIAL.lock().await;
     let env = OwnEnv::start(2).await;
     let ws = Workspace::without_hub(env.0, "flags-agent").await;
     let deployment = install_hub_chart(&ws.hub, &ws.ns, &[]).await;
