@@ -19,6 +19,7 @@ use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
 
 use crate::charts::{ChartRepo, path_str, run_helm};
+use crate::fixture::{Agent, Workspace};
 use crate::kubelet_player::{Effect, Recorded, What};
 
 /// The Go module holding ingress-nginx's chart (`charts/ingress-nginx`).
@@ -678,6 +679,64 @@ pub async fn get(client: &kube::Client, o: &Rendered) -> Result<Option<DynamicOb
         None => Api::all_with(client.clone(), &ar),
     };
     Ok(api.get_opt(&o.name).await?)
+}
+
+/// Real charts are large (Kyverno renders 11 CRDs, 3.4 MB): longer than the fixtures' wait.
+pub const ROLLOUT: std::time::Duration = std::time::Duration::from_secs(240);
+
+/// An agent on downstream `downstream` that renders charts ([`Workspace::helm_agent`]) for a
+/// downstream owner who installs cluster infrastructure: its policy refuses no kind (the real
+/// charts bring ClusterRoles, webhook configurations and CRDs, which the default refuses).
+pub async fn infrastructure_agent(ws: &Workspace, cluster: &str, downstream: &str) -> Agent {
+    let helm = crate::ensure_helm().expect("building helm");
+    let cache = std::env::temp_dir().join(crate::unique_name("tender-chart-cache"));
+    ws.agent_configured(cluster, downstream, |c| {
+        c.helm_path = helm;
+        c.chart_cache_dir = cache;
+        c.policy.refused_kinds = Vec::new();
+    })
+    .await
+}
+
+/// Waits (up to [`ROLLOUT`]) until `cluster`'s BundleDeployment of `bundle` has its
+/// deploymentID applied and is Ready. With `no_conflict`, any object reported in Conflict on
+/// the way fails the test at once.
+pub async fn rolled_out(ws: &Workspace, cluster: &str, bundle: &str, no_conflict: bool) {
+    use tender_types::ObjectState;
+    use tender_types::conditions::{TYPE_READY, is_true};
+    let api = ws.bds(cluster);
+    crate::eventually(
+        &format!("{bundle} rolled out on {cluster}"),
+        ROLLOUT,
+        || async {
+            let Some(bd) = api.get_opt(bundle).await.map_err(|e| e.to_string())? else {
+                return Err("no BundleDeployment yet".to_string());
+            };
+            let s = bd.status.clone().unwrap_or_default();
+            if no_conflict {
+                let conflicts: Vec<String> = s
+                    .resources
+                    .iter()
+                    .filter(|r| r.state == ObjectState::Conflict)
+                    .map(|r| format!("{} {}: {:?}", r.kind, r.name, r.message))
+                    .collect();
+                assert!(conflicts.is_empty(), "Conflict reported: {conflicts:?}");
+            }
+            if s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                && is_true(&s.conditions, TYPE_READY)
+            {
+                return Ok(Some(()));
+            }
+            // Shown when the wait times out.
+            Err(s
+                .conditions
+                .iter()
+                .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
+                .collect::<Vec<_>>()
+                .join(" | "))
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

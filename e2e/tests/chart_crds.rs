@@ -12,21 +12,18 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
-use tender_e2e::fixture::{Agent, Workspace};
+use tender_e2e::fixture::Workspace;
 use tender_e2e::kubelet_player::{Effect, Player, Recorded, Recorder, What};
-use tender_e2e::real_charts::{self, RealCharts, Rendered, cluster_names};
+use tender_e2e::real_charts::{self, ROLLOUT, RealCharts, Rendered, cluster_names};
 use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
-use tender_types::conditions::{TYPE_READY, is_true};
-use tender_types::{ObjectState, labels};
+use tender_types::labels;
 
 const USER: &str = "chart-reader";
 const PASSWORD: &str = "repo-pass-123";
-const ROLLOUT: Duration = Duration::from_secs(240);
 /// The chart's name (its Chart.yaml) and its `crds/` file.
 const CHART: &str = "node-feature-discovery";
 const CRDS_FILE: &str = "crds/nfd-api-crds.yaml";
@@ -44,18 +41,6 @@ fn nfd_dir() -> std::path::PathBuf {
     dir
 }
 
-async fn helm_agent(ws: &Workspace, cluster: &str, downstream: usize) -> Agent {
-    let helm = tender_e2e::ensure_helm().expect("building helm");
-    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(downstream), |c| {
-        c.helm_path = helm;
-        c.chart_cache_dir = cache;
-        // The chart installs CRDs and ClusterRoles, which the default policy refuses.
-        c.policy.refused_kinds = Vec::new();
-    })
-    .await
-}
-
 /// node-feature-discovery's values: `rev` lands in nfd-master's ConfigMap (an upgrade).
 fn values(rev: &str) -> Value {
     json!({"master": {"config": {"extraLabelNs": [format!("rev-{rev}.e2e.tender.dev")]}}})
@@ -71,41 +56,6 @@ fn bundle(charts: &RealCharts, cluster: &str, ns: &str, release: &str, values: &
             "releaseName": release, "values": values, "helmSecretName": "repo-auth"
         }
     })
-}
-
-/// Waits until the BundleDeployment has its deploymentID applied and is Ready; any object
-/// reported in Conflict fails the test at once (the chart's own CRD is never one).
-async fn rolled_out(ws: &Workspace, cluster: &str, bundle: &str) {
-    let api = ws.bds(cluster);
-    eventually(
-        &format!("{bundle} rolled out on {cluster}"),
-        ROLLOUT,
-        || async {
-            let Some(bd) = api.get_opt(bundle).await.map_err(|e| e.to_string())? else {
-                return Err("no BundleDeployment yet".to_string());
-            };
-            let s = bd.status.clone().unwrap_or_default();
-            let conflicts: Vec<String> = s
-                .resources
-                .iter()
-                .filter(|r| r.state == ObjectState::Conflict)
-                .map(|r| format!("{} {}: {:?}", r.kind, r.name, r.message))
-                .collect();
-            assert!(conflicts.is_empty(), "Conflict reported: {conflicts:?}");
-            if s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                && is_true(&s.conditions, TYPE_READY)
-            {
-                return Ok(Some(()));
-            }
-            Err(s
-                .conditions
-                .iter()
-                .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
-                .collect::<Vec<_>>()
-                .join(" | "))
-        },
-    )
-    .await;
 }
 
 async fn bd_gone(ws: &Workspace, cluster: &str, bundle: &str) {
@@ -340,7 +290,7 @@ async fn crds_of_a_file_starting_with_a_separator_go_first_and_are_never_deleted
         .await
         .expect("packaging and serving node-feature-discovery");
     let ws = Workspace::new(shared_env(2).await, "chart-crds").await;
-    let agent = helm_agent(&ws, "east", 1).await;
+    let agent = real_charts::infrastructure_agent(&ws, "east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let (ns, release) = (unique_name("nfd"), "nfd");
     let install = charts
@@ -356,7 +306,7 @@ async fn crds_of_a_file_starting_with_a_separator_go_first_and_are_never_deleted
     let start = recorder.last_rv();
     ws.bundle("nfd", bundle(&charts, "east", &ns, release, &values("1")))
         .await;
-    rolled_out(&ws, "east", "nfd").await;
+    real_charts::rolled_out(&ws, "east", "nfd", true).await;
     crds_first(&recorder.events(), start, &install);
     let installed = crd_states(&down, &install).await;
     let data = user_data(&down, &ns).await;
@@ -381,7 +331,7 @@ async fn crds_of_a_file_starting_with_a_separator_go_first_and_are_never_deleted
         )
     })
     .await;
-    rolled_out(&ws, "east", "nfd").await;
+    real_charts::rolled_out(&ws, "east", "nfd", true).await;
     assert_eq!(
         crd_states(&down, &upgrade).await,
         installed,
@@ -446,7 +396,7 @@ async fn a_crd_a_pre_install_hook_replaced_is_adopted_without_a_conflict() {
         .await
         .expect("packaging and serving node-feature-discovery with a hook");
     let ws = Workspace::new(shared_env(2).await, "chart-crd-hook").await;
-    let agent = helm_agent(&ws, "west", 2).await;
+    let agent = real_charts::infrastructure_agent(&ws, "west", &downstream_name(2)).await;
     let down = ws.downstream(&agent.downstream).await;
     let (ns, release) = (unique_name("nfd"), "nfd");
     let install = charts
@@ -470,9 +420,9 @@ async fn a_crd_a_pre_install_hook_replaced_is_adopted_without_a_conflict() {
     let start = recorder.last_rv();
     ws.bundle("nfd", bundle(&charts, "west", &ns, release, &values("1")))
         .await;
-    rolled_out(&ws, "west", "nfd").await;
+    real_charts::rolled_out(&ws, "west", "nfd", true).await;
     adopted(&down, &owner, &runs, "install", 1).await;
-    rolled_out(&ws, "west", "nfd").await;
+    real_charts::rolled_out(&ws, "west", "nfd", true).await;
     let events = recorder.events();
     crds_first(&events, start, &install);
     let job = events
@@ -496,7 +446,7 @@ async fn a_crd_a_pre_install_hook_replaced_is_adopted_without_a_conflict() {
     ws.bundle("nfd", bundle(&charts, "west", &ns, release, &values("2")))
         .await;
     adopted(&down, &owner, &runs, "upgrade", 2).await;
-    rolled_out(&ws, "west", "nfd").await;
+    real_charts::rolled_out(&ws, "west", "nfd", true).await;
     let uids = |s: &[(String, String, i64)]| -> Vec<(String, String)> {
         s.iter().map(|(n, u, _)| (n.clone(), u.clone())).collect()
     };

@@ -15,11 +15,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use serde_json::{Value, json};
-use tender_e2e::fixture::{Agent, Workspace, stays};
+use tender_e2e::fixture::{Workspace, stays};
 use tender_e2e::kubelet_player::{Player, Recorded, Recorder, What};
 use tender_e2e::real_charts::{
-    self, RealCharts, Rendered, Step, check_no_overlap, check_order, cluster_names, hook_phase,
-    ordinary,
+    self, ROLLOUT, RealCharts, Rendered, Step, check_no_overlap, check_order, cluster_names,
+    hook_phase, ordinary,
 };
 use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
 use tender_types::conditions::reason::HOOK_FAILED;
@@ -28,8 +28,6 @@ use tender_types::{Bundle, HelmOp, labels};
 
 const USER: &str = "chart-reader";
 const PASSWORD: &str = "repo-pass-123";
-/// Real charts are large (Kyverno renders 11 CRDs, 3.4 MB): longer than the fixtures' wait.
-const ROLLOUT: Duration = Duration::from_secs(240);
 
 /// Both charts packaged and served for one test (a test's runtime ends with it, and so does
 /// the repository's server task: it is not shared between tests).
@@ -37,49 +35,6 @@ async fn charts() -> RealCharts {
     RealCharts::start(USER, PASSWORD)
         .await
         .expect("packaging and serving ingress-nginx and Kyverno")
-}
-
-async fn helm_agent(ws: &Workspace, cluster: &str) -> Agent {
-    let helm = tender_e2e::ensure_helm().expect("building helm");
-    let cache = std::env::temp_dir().join(unique_name("tender-chart-cache"));
-    ws.agent_configured(cluster, &downstream_name(1), |c| {
-        c.helm_path = helm;
-        c.chart_cache_dir = cache;
-        // The downstream owner installs cluster infrastructure: ClusterRoles, webhook
-        // configurations and CRDs, which the default policy refuses.
-        c.policy.refused_kinds = Vec::new();
-    })
-    .await
-}
-
-/// Waits (up to [`ROLLOUT`]) until the BundleDeployment has its deploymentID applied and is
-/// Ready.
-async fn rolled_out(ws: &Workspace, cluster: &str, bundle: &str) {
-    let api = ws.bds(cluster);
-    eventually(
-        &format!("{bundle} rolled out on {cluster}"),
-        ROLLOUT,
-        || async {
-            let bd = api.get_opt(bundle).await.map_err(|e| e.to_string())?;
-            let Some(bd) = bd else {
-                return Err("no BundleDeployment yet".to_string());
-            };
-            let s = bd.status.clone().unwrap_or_default();
-            if s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                && is_true(&s.conditions, TYPE_READY)
-            {
-                return Ok(Some(()));
-            }
-            // Shown when the wait times out.
-            Err(s
-                .conditions
-                .iter()
-                .map(|c| format!("{}={} {}: {}", c.type_, c.status, c.reason, c.message))
-                .collect::<Vec<_>>()
-                .join(" | "))
-        },
-    )
-    .await;
 }
 
 /// Starts recording the kinds `objs` render (and `extra`) in `ns` before anything is deployed.
@@ -248,7 +203,7 @@ async fn deleted_by_tender(
 async fn ingress_nginx_by_a_bundle_runs_its_hooks_in_order_upgrades_and_goes_away() {
     let charts = &charts().await;
     let ws = Workspace::new(shared_env(1).await, "ingress").await;
-    let agent = helm_agent(&ws, "east").await;
+    let agent = real_charts::infrastructure_agent(&ws, "east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let (ns, release) = (unique_name("ingress"), "web");
     let v1 = ingress_values(release, "1");
@@ -268,7 +223,7 @@ async fn ingress_nginx_by_a_bundle_runs_its_hooks_in_order_upgrades_and_goes_awa
     let start = recorder.last_rv();
     ws.bundle("ingress", ingress_bundle(charts, "east", &ns, release, &v1))
         .await;
-    rolled_out(&ws, "east", "ingress").await;
+    real_charts::rolled_out(&ws, "east", "ingress", false).await;
     let pre = hook_phase(&install, "pre-install");
     let post = hook_phase(&install, "post-install");
     assert!(
@@ -343,7 +298,7 @@ async fn ingress_nginx_by_a_bundle_runs_its_hooks_in_order_upgrades_and_goes_awa
         )
     })
     .await;
-    rolled_out(&ws, "east", "ingress").await;
+    real_charts::rolled_out(&ws, "east", "ingress", false).await;
     let changed: Vec<&Rendered> = ordinary(&upgrade)
         .into_iter()
         .filter(|o| o.kind == "ConfigMap" && o.name == cm)
@@ -430,7 +385,7 @@ async fn kyverno_by_a_helmop_upgrades_with_its_post_upgrade_hooks_and_runs_its_p
  {
     let charts = &charts().await;
     let ws = Workspace::new(shared_env(1).await, "kyverno").await;
-    let agent = helm_agent(&ws, "east").await;
+    let agent = real_charts::infrastructure_agent(&ws, "east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let (ns, release) = (unique_name("kyverno"), "kyv");
     let objs = charts
@@ -472,7 +427,7 @@ async fn kyverno_by_a_helmop_upgrades_with_its_post_upgrade_hooks_and_runs_its_p
         )
         .await
         .unwrap();
-    rolled_out(&ws, "east", "kyverno").await;
+    real_charts::rolled_out(&ws, "east", "kyverno", false).await;
     assert_order(
         "install",
         &recorder,
@@ -521,7 +476,7 @@ async fn kyverno_by_a_helmop_upgrades_with_its_post_upgrade_hooks_and_runs_its_p
         Ok::<_, kube::Error>((bd.spec.deployment_id != before).then_some(()))
     })
     .await;
-    rolled_out(&ws, "east", "kyverno").await;
+    real_charts::rolled_out(&ws, "east", "kyverno", false).await;
     // The player saw (and completed) each post-upgrade Job of this run: the recorder's watch
     // can miss an object that lives a moment (created, completed and deleted by its policy),
     // the player cannot (the rollout waits for it).
@@ -644,7 +599,7 @@ async fn kyverno_by_a_helmop_upgrades_with_its_post_upgrade_hooks_and_runs_its_p
 async fn a_failing_pre_upgrade_hook_halts_with_its_reason_and_nothing_is_removed() {
     let charts = &charts().await;
     let ws = Workspace::new(shared_env(1).await, "halt").await;
-    let agent = helm_agent(&ws, "east").await;
+    let agent = real_charts::infrastructure_agent(&ws, "east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let (ns, release) = (unique_name("halt"), "halt");
     let v1 = ingress_values(release, "1");
@@ -659,7 +614,7 @@ async fn a_failing_pre_upgrade_hook_halts_with_its_reason_and_nothing_is_removed
         .await;
     ws.bundle("halt", ingress_bundle(charts, "east", &ns, release, &v1))
         .await;
-    rolled_out(&ws, "east", "halt").await;
+    real_charts::rolled_out(&ws, "east", "halt", false).await;
 
     // The upgrade's pre-upgrade Job first runs (held), then fails.
     let job = format!("{release}-ingress-nginx-admission-create");

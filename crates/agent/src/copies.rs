@@ -187,17 +187,9 @@ async fn feed<K>(
     }
 }
 
-/// The object in a carrier Secret (its JSON under [`labels::CARRIER_KEY`]).
-fn carried_object(carrier: &Secret) -> Option<serde_json::Value> {
-    let data = carrier.data.as_ref()?.get(labels::CARRIER_KEY)?;
-    serde_json::from_slice(&data.0).ok()
-}
-
 /// Content hash of a carrier: the hash of the object it carries ("" when it carries none).
 fn carrier_hash(carrier: &Secret) -> String {
-    carried_object(carrier)
-        .map(|o| hash::carried_hash(&o))
-        .unwrap_or_default()
+    hash::carrier_hash(carrier).unwrap_or_default()
 }
 
 /// A copy on the hub the agent trusts: its object, content hash and `signedAt` (0: verified
@@ -308,7 +300,7 @@ impl HubCopies {
         let carrier = self
             .verified(&self.secrets, bd, entry, carrier_hash)
             .await?;
-        carried_object(&carrier.object)
+        hash::carried_object(&carrier.object)
             .map(|o| (o, carrier.signed_at))
             .ok_or_else(|| Failure::Missing(format!("carrier {} holds no object", entry.copy_name)))
     }

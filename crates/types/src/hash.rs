@@ -103,6 +103,18 @@ pub fn carried_hash(object: &Value) -> String {
     value_hash(&crate::copy::carried_body(object))
 }
 
+/// The object a carrier Secret carries (its JSON under [`crate::labels::CARRIER_KEY`]).
+pub fn carried_object(carrier: &Secret) -> Option<Value> {
+    let data = carrier.data.as_ref()?.get(crate::labels::CARRIER_KEY)?;
+    serde_json::from_slice(&data.0).ok()
+}
+
+/// Content hash of a carrier Secret: the [`carried_hash`] of what it carries (`None` when it
+/// carries nothing readable). What the hub signs for a carried copy, and the agent checks.
+pub fn carrier_hash(carrier: &Secret) -> Option<String> {
+    carried_object(carrier).map(|o| carried_hash(&o))
+}
+
 /// Content hash of a list of manifests; order matters (it is the apply order), key order does not.
 pub fn manifests_hash(resources: &[Manifest]) -> String {
     value_hash(&Value::Array(

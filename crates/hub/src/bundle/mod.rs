@@ -10,6 +10,7 @@ mod events;
 mod observe;
 mod ops;
 pub mod plan;
+mod planning;
 mod poll;
 mod revisions;
 pub mod rollout;
@@ -31,18 +32,13 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tender_runtime::Op;
 use tender_runtime::retry;
-use tender_types::targeting::{GroupInfo, TargetingError};
-use tender_types::{
-    Bundle, BundleDeployment, BundleStatus, Cluster, ClusterGroup, hash, labels, names,
-};
+use tender_types::{Bundle, BundleDeployment, BundleStatus, hash, labels, names};
 
 use crate::Error;
 use crate::context::{Ctx, status_op};
-use crate::helm_poll::PollReport;
 use crate::summary::summarize_with;
-use observe::no_labels;
 use ops::{CopyStep, DeploymentStep, LiveCopy, SourceObject};
-use plan::{ClusterView, SourceKey};
+use plan::SourceKey;
 use status::{BundleFacts, bundle_status};
 
 const CONTROLLER: &str = "bundle";
@@ -134,7 +130,7 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
     let clusters = ctx.own_clusters_in(&ns);
     let owned: Vec<Option<String>> = clusters.iter().map(|c| ctx.owned_namespace(c)).collect();
     let groups = observe::groups_in(ctx, &ns);
-    let input = Planning {
+    let input = planning::Planning {
         bundle: Arc::clone(shared),
         report: polled.as_ref().map(|p| p.0.clone()),
         clusters,
@@ -143,19 +139,19 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
         sources,
         copying,
     };
-    let Some((input, planned)) = plan_blocking(input).await else {
+    let Some((input, planned)) = planning::plan_blocking(input).await else {
         // The runtime is shutting down.
         return Ok(Action::await_change());
     };
-    let Planning {
+    let planning::Planning {
         clusters,
         owned,
         groups,
         sources,
         ..
     } = input;
-    let views = cluster_views(&clusters, &owned, &ns);
-    let group_infos = group_infos(&groups);
+    let views = planning::cluster_views(&clusters, &owned, &ns);
+    let group_infos = planning::group_infos(&groups);
     let existing = observe::deployments_of(ctx, bundle);
 
     let mut facts = BundleFacts {
@@ -340,78 +336,6 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
         .flatten()
         .min();
     Ok(after.map_or_else(Action::await_change, Action::requeue))
-}
-
-/// What planning reads, owned so that it can run on a blocking thread, and handed back.
-struct Planning {
-    bundle: Arc<Bundle>,
-    report: Option<PollReport>,
-    clusters: Vec<Arc<Cluster>>,
-    owned: Vec<Option<String>>,
-    groups: Vec<Arc<ClusterGroup>>,
-    sources: BTreeMap<SourceKey, plan::SourceState>,
-    copying: plan::Copying,
-}
-
-/// [`plan::plan`] on a blocking thread: it renders the values templates, up to a budget per
-/// cluster (decision 0110-templates-bounded-in-work), and a tokio worker busy with one Bundle's
-/// templates would stall the reconciles of every workspace. `None` when the runtime shuts
-/// down first.
-async fn plan_blocking(input: Planning) -> Option<(Planning, Result<plan::Plan, TargetingError>)> {
-    let task = tokio::task::spawn_blocking(move || {
-        let b = &input.bundle;
-        let ns = b.namespace().unwrap_or_default();
-        let spec = poll::resolved_spec(&b.spec, input.report.as_ref());
-        let views = cluster_views(&input.clusters, &input.owned, &ns);
-        let infos = group_infos(&input.groups);
-        let planned = plan::plan(
-            &b.name_any(),
-            &spec,
-            &views,
-            &infos,
-            &input.sources,
-            &input.copying,
-        );
-        (input, planned)
-    });
-    match task.await {
-        Ok(done) => Some(done),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => None,
-    }
-}
-
-/// The Clusters of workspace `ns` as planning sees them; `owned[i]` is `clusters[i]`'s
-/// namespace on the hub.
-fn cluster_views<'a>(
-    clusters: &'a [Arc<Cluster>],
-    owned: &'a [Option<String>],
-    ns: &'a str,
-) -> Vec<ClusterView<'a>> {
-    clusters
-        .iter()
-        .zip(owned)
-        .map(|(c, namespace)| ClusterView {
-            name: c.metadata.name.as_deref().unwrap_or_default(),
-            labels: c.metadata.labels.as_ref().unwrap_or(no_labels()),
-            namespace: namespace.as_deref(),
-            paused: c.spec.paused,
-            workspace: ns,
-            annotations: c.metadata.annotations.as_ref().unwrap_or(no_labels()),
-            template_values: c.spec.template_values.as_ref().map(|v| &v.0),
-        })
-        .collect()
-}
-
-fn group_infos(groups: &[Arc<ClusterGroup>]) -> Vec<GroupInfo<'_>> {
-    groups
-        .iter()
-        .map(|g| GroupInfo {
-            name: g.metadata.name.as_deref().unwrap_or_default(),
-            labels: g.metadata.labels.as_ref().unwrap_or(no_labels()),
-            selector: &g.spec.selector,
-        })
-        .collect()
 }
 
 async fn write_status(

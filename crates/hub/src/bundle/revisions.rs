@@ -192,9 +192,7 @@ pub fn content_hash_of(body: &Value, carried: bool) -> Option<String> {
         }
         Some("Secret") if carried => {
             let s: Secret = serde_json::from_value(body.clone()).ok()?;
-            let data = s.data.as_ref()?.get(labels::CARRIER_KEY)?;
-            let object: Value = serde_json::from_slice(&data.0).ok()?;
-            Some(hash::carried_hash(&object))
+            hash::carrier_hash(&s)
         }
         Some("Secret") => {
             let s: Secret = serde_json::from_value(body.clone()).ok()?;
