@@ -9,6 +9,7 @@
 //! - [`cluster`]: cluster namespace, agent identity and RBAC, cleanup on deletion, status.
 //! - [`group`]: ClusterGroup counts.
 //! - [`bundle`]: targeting, BundleDeployments, copies, Bundle status.
+//! - [`poll`]: chart polling (`pollingInterval`), recording the version in Bundle status.
 //! - [`helmop`]: a HelmOp's Bundle (owned, derived from the HelmOp) and its status.
 //! - [`sources`]: the index from source Secrets/ConfigMaps to the Bundles that copy them.
 //! - [`push`]: push mode — the agent library run by the hub for Clusters with a kubeconfig
@@ -23,6 +24,7 @@ mod context;
 pub mod group;
 pub mod helm_poll;
 pub mod helmop;
+mod poll;
 pub mod push;
 pub mod signing;
 mod slim;

@@ -15,7 +15,7 @@ use crate::caches::{caches, synced};
 use crate::context::{Ctx, Scope};
 use crate::sources::SourceIndex;
 use crate::triggers::{ControllerInputs, feeds};
-use crate::{Error, HubConfig, HubMetrics, bundle, cluster, group, helmop};
+use crate::{Error, HubConfig, HubMetrics, bundle, cluster, group, helmop, poll};
 
 /// Builds caches and controllers for every configured scope and runs them.
 pub(crate) async fn run_controllers(
@@ -108,21 +108,10 @@ fn scope_controllers(
         recorder,
         metrics.clone(),
     );
-    let shard_exec = config.shard_id.as_deref().map(|id| {
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: labels::HUB_FIELD_MANAGER.to_string(),
-                instance: Some(config.instance.clone()),
-            },
-        );
-        Executor::new(
-            client.clone(),
-            &labels::shard_field_manager(id),
-            recorder,
-            metrics.clone(),
-        )
-    });
+    let shard_exec = config
+        .shard_id
+        .as_deref()
+        .map(|id| executor(&client, &config, &metrics, &labels::shard_field_manager(id)));
     let ctx = Arc::new(Ctx {
         client,
         config,
@@ -179,7 +168,24 @@ fn scope_controllers(
     (synced, run)
 }
 
-/// The four controllers, each driven by the shared cache of its kind (no watch of its own).
+/// An executor writing with field manager `manager` (a writer of its own part of a status).
+fn executor(
+    client: &Client,
+    config: &HubConfig,
+    metrics: &Arc<Metrics>,
+    manager: &str,
+) -> Executor {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: labels::HUB_FIELD_MANAGER.to_string(),
+            instance: Some(config.instance.clone()),
+        },
+    );
+    Executor::new(client.clone(), manager, recorder, metrics.clone())
+}
+
+/// The controllers, each driven by the shared cache of its kind (no watch of its own).
 async fn run(
     ctx: Arc<Ctx>,
     inputs: ControllerInputs,
@@ -189,6 +195,7 @@ async fn run(
 ) {
     let ControllerInputs {
         bundles,
+        polls,
         bundle,
         all_bundles,
         clusters,
@@ -213,13 +220,27 @@ async fn run(
     // the folded Bundle status) are the unsharded replica's alone (decision 0062-hub-shards); a
     // shard replica drops their trigger streams, so nothing queues up for them.
     if ctx.config.shard_id.is_some() {
-        drop((groups, group, helmops, helmop));
+        drop((groups, group, helmops, helmop, polls));
         tokio::join!(cluster_controller, bundle_controller);
         return;
     }
     let group_controller = Controller::for_shared_stream(groups, s.groups)
         .reconcile_on(group)
         .run(group::reconcile, group::error_policy, ctx.clone())
+        .for_each(|_| futures::future::ready(()));
+    // Chart polling (decision 0113-chart-polling-controller): the unsharded replica looks
+    // and records the version in Bundle status, which every replica's Bundle reconcile reads.
+    let poll_ctx = Arc::new(poll::PollCtx {
+        exec: executor(
+            &ctx.client,
+            &ctx.config,
+            &ctx.metrics,
+            &poll::field_manager(),
+        ),
+        ctx: ctx.clone(),
+    });
+    let poll_controller = Controller::for_shared_stream(polls, s.bundles)
+        .run(poll::reconcile, poll::error_policy, poll_ctx)
         .for_each(|_| futures::future::ready(()));
     let helmop_controller = Controller::for_shared_stream(helmops, s.helmops)
         .reconcile_on(helmop)
@@ -229,6 +250,7 @@ async fn run(
         cluster_controller,
         group_controller,
         bundle_controller,
+        poll_controller,
         helmop_controller
     );
 }

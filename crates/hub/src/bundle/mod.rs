@@ -7,7 +7,7 @@
 
 pub(crate) mod depends;
 mod events;
-mod observe;
+pub(crate) mod observe;
 mod ops;
 pub mod plan;
 mod planning;
@@ -17,6 +17,8 @@ pub mod rollout;
 mod shards;
 pub mod status;
 mod waves;
+
+pub(crate) use observe::source_state;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -32,7 +34,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tender_runtime::Op;
 use tender_runtime::retry;
-use tender_types::{Bundle, BundleDeployment, BundleStatus, hash, labels, names};
+use tender_types::{Bundle, BundleDeployment, hash, labels, names};
 
 use crate::Error;
 use crate::context::{Ctx, status_op};
@@ -119,9 +121,14 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
         sources.insert(key.clone(), state);
     }
 
-    // `pollingInterval`: the chart version to deploy, looked up at most once per interval.
-    let polled = poll::look(ctx, bundle, &sources).await;
-    let spec = poll::resolved_spec(&bundle.spec, polled.as_ref().map(|p| &p.0));
+    // `pollingInterval`: the chart version the poll controller recorded for this spec.
+    let version = match poll::recorded(bundle) {
+        // Its status write wakes this Bundle again.
+        poll::Recorded::Waiting => return Ok(Action::await_change()),
+        poll::Recorded::NotPolling => None,
+        poll::Recorded::Version(v) => v,
+    };
+    let spec = poll::resolved_spec(&bundle.spec, version.as_deref());
 
     // Targeting is unchanged, over this replica's Clusters only (decision 0062-hub-shards).
     // Where a cluster's BundleDeployment goes is the namespace the hub created for it, never
@@ -132,7 +139,7 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
     let groups = observe::groups_in(ctx, &ns);
     let input = planning::Planning {
         bundle: Arc::clone(shared),
-        report: polled.as_ref().map(|p| p.0.clone()),
+        version: version.clone(),
         clusters,
         owned,
         groups,
@@ -156,7 +163,6 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
 
     let mut facts = BundleFacts {
         paused: bundle.spec.paused,
-        polled: polled.as_ref().map(|p| p.0.clone()),
         ..Default::default()
     };
     let (mut created, mut updated, mut copies, mut deleted) = (0, 0, 0, 0);
@@ -329,13 +335,8 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
         .execute_in_order(events::fanout_events(&reference, created, deleted))
         .await?;
     write_status(bundle, ctx, &facts, upstream).await?;
-    // A polling Bundle comes back for its next look (jittered), a rollout at its next
-    // deadline or soak end; any other waits for a change.
-    let after = [polled.map(|(_, after)| after), requeue]
-        .into_iter()
-        .flatten()
-        .min();
-    Ok(after.map_or_else(Action::await_change, Action::requeue))
+    // A rollout comes back at its next deadline or soak end; any other waits for a change.
+    Ok(requeue.map_or_else(Action::await_change, Action::requeue))
 }
 
 async fn write_status(
@@ -370,13 +371,10 @@ async fn write_status(
         Time(Timestamp::now()),
     );
     crate::upstream::set_status(&mut new, own_lines, bundle.metadata.generation);
-    // The shard entries are never ours to write: left out of the apply (and the comparison),
-    // server-side apply keeps them as their replicas wrote them.
-    new.shards.clear();
-    let old_ours = old.map(|o| BundleStatus {
-        shards: Vec::new(),
-        ..o.clone()
-    });
+    // The shard entries and the poller's fields are never ours to write: left out of the
+    // apply (and the comparison), server-side apply keeps them as their writers wrote them.
+    let new = status::ours(new);
+    let old_ours = old.cloned().map(status::ours);
     let desired = hash::value_hash(&serde_json::to_value(&new).unwrap_or_default());
     let op = status_op::<Bundle, _>(
         &ns,

@@ -12,12 +12,12 @@ use tender_types::{Bundle, Cluster, ClusterGroup};
 use super::observe::no_labels;
 use super::plan::{self, ClusterView, SourceKey};
 use super::poll;
-use crate::helm_poll::PollReport;
 
 /// What planning reads, owned so that it can run on a blocking thread, and handed back.
 pub(super) struct Planning {
     pub(super) bundle: Arc<Bundle>,
-    pub(super) report: Option<PollReport>,
+    /// The chart version the poll controller recorded, if any.
+    pub(super) version: Option<String>,
     pub(super) clusters: Vec<Arc<Cluster>>,
     pub(super) owned: Vec<Option<String>>,
     pub(super) groups: Vec<Arc<ClusterGroup>>,
@@ -35,7 +35,7 @@ pub(super) async fn plan_blocking(
     let task = tokio::task::spawn_blocking(move || {
         let b = &input.bundle;
         let ns = b.namespace().unwrap_or_default();
-        let spec = poll::resolved_spec(&b.spec, input.report.as_ref());
+        let spec = poll::resolved_spec(&b.spec, input.version.as_deref());
         let views = cluster_views(&input.clusters, &input.owned, &ns);
         let infos = group_infos(&input.groups);
         let planned = plan::plan(

@@ -1,78 +1,51 @@
-//! The Bundle's side of `pollingInterval`: the repository credentials it may use, the look
-//! ([`crate::helm_poll`]), and the spec its BundleDeployments are planned from — the chart at
-//! the version the hub resolved (decision 0104-hub-polls-chart-versions).
+//! The Bundle's side of `pollingInterval`: the version the poll controller ([`crate::poll`])
+//! recorded in status, and the spec its BundleDeployments are planned from — the chart at the
+//! version the hub resolved (decisions 0104-hub-polls-chart-versions,
+//! 0113-chart-polling-controller). Nothing here looks at a repository.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
-use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::ResourceExt;
-use kube::api::Api;
-use tender_types::{Bundle, BundleSpec, SourceKind};
+use tender_types::conditions::{TYPE_POLLED, find_condition};
+use tender_types::{Bundle, BundleSpec};
 
-use super::plan::{SourceKey, SourceState};
-use crate::context::Ctx;
-use crate::helm_poll::{self, Credentials, PollReport};
+use crate::helm_poll;
 
-/// The Bundle's poll report and when to look again; `None` when it does not poll.
-///
-/// Credentials come from `helm.helmSecretName` only when that Secret is one of the Bundle's
-/// own copy sources and a source the hub may copy (never a Cluster's kubeconfig or a token):
-/// the hub sends to the repository nothing the Bundle does not already send downstream.
-pub(super) async fn look(
-    ctx: &Ctx,
-    bundle: &Bundle,
-    sources: &BTreeMap<SourceKey, SourceState>,
-) -> Option<(PollReport, Duration)> {
-    let (interval, helm) = helm_poll::polling(&bundle.spec)?;
-    let ns = bundle.namespace().unwrap_or_default();
-    let credentials = match helm.helm_secret_name.as_deref() {
-        Some(name) if copied(sources, name) => read_credentials(ctx, &ns, name).await,
-        _ => None,
-    };
-    let found = ctx.poller.versions(&ns, helm, credentials, interval).await;
-    let recorded = bundle.status.as_ref().and_then(|s| s.version.as_deref());
-    let report = helm_poll::report(helm, &found, recorded);
-    if !report.ok {
-        tracing::debug!(bundle = %bundle.name_any(), namespace = %ns, reason = report.reason, "chart version poll failed");
+/// What the poll controller recorded for the Bundle's spec as it is now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Recorded {
+    /// The Bundle does not poll.
+    NotPolling,
+    /// It polls, and the poller has not looked at this generation yet: its `Polled` condition
+    /// is for an older spec. The reconcile waits (the poller's write wakes it), so a new range
+    /// is never handed out unresolved.
+    Waiting,
+    /// The exact version to deploy, or `None` when none was resolved (the agents then resolve
+    /// the range themselves, as without polling).
+    Version(Option<String>),
+}
+
+/// The version recorded in `bundle`'s status for its current spec. Pure.
+pub(crate) fn recorded(bundle: &Bundle) -> Recorded {
+    if helm_poll::polling(&bundle.spec).is_none() {
+        return Recorded::NotPolling;
     }
-    Some((report, helm_poll::jittered(interval)))
-}
-
-/// Whether Secret `name` is a copy source of the Bundle that the hub may copy.
-fn copied(sources: &BTreeMap<SourceKey, SourceState>, name: &str) -> bool {
-    sources.iter().any(|((kind, source), state)| {
-        kind.source_kind() == Some(SourceKind::Secret)
-            && source == name
-            && matches!(state, SourceState::Found { .. })
-    })
-}
-
-async fn read_credentials(ctx: &Ctx, ns: &str, name: &str) -> Option<Credentials> {
-    let secret = Api::<Secret>::namespaced(ctx.client.clone(), ns)
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()?;
-    let data = secret.data.unwrap_or_default();
-    let text = |k: &str| {
-        data.get(k)
-            .map(|b| String::from_utf8_lossy(&b.0).trim().to_string())
-    };
-    Some(Credentials {
-        username: text("username")?,
-        password: text("password")?,
-    })
+    let status = bundle.status.as_ref();
+    let polled = status.and_then(|s| find_condition(&s.conditions, TYPE_POLLED));
+    match polled {
+        Some(c) if c.observed_generation == bundle.metadata.generation => {
+            Recorded::Version(status.and_then(|s| s.version.clone()))
+        }
+        _ => Recorded::Waiting,
+    }
 }
 
 /// The spec BundleDeployments are planned from: the chart at the resolved exact version
 /// when there is one, else the Bundle's own spec.
 pub(super) fn resolved_spec<'a>(
     spec: &'a BundleSpec,
-    report: Option<&PollReport>,
+    version: Option<&str>,
 ) -> Cow<'a, BundleSpec> {
-    match (report.and_then(|r| r.version.as_deref()), &spec.helm) {
+    match (version, &spec.helm) {
         (Some(version), Some(_)) => {
             let mut s = spec.clone();
             if let Some(h) = s.helm.as_mut() {
@@ -96,23 +69,41 @@ mod tests {
             "pollingInterval": "30s"
         }))
         .unwrap();
-        let report = PollReport {
-            version: Some("0.1.4".into()),
-            ..PollReport::default()
-        };
-        let s = resolved_spec(&spec, Some(&report));
+        let s = resolved_spec(&spec, Some("0.1.4"));
         assert_eq!(s.helm.as_ref().unwrap().version.as_deref(), Some("0.1.4"));
-        assert!(matches!(resolved_spec(&spec, None), Cow::Borrowed(_)));
-        let none = PollReport::default();
+        let none = resolved_spec(&spec, None);
+        assert!(matches!(none, Cow::Borrowed(_)));
         assert_eq!(
-            resolved_spec(&spec, Some(&none))
-                .helm
-                .as_ref()
-                .unwrap()
-                .version
-                .as_deref(),
+            none.helm.as_ref().unwrap().version.as_deref(),
             Some("^0.1"),
             "nothing resolved yet: the agents resolve the range"
         );
+    }
+
+    #[test]
+    fn the_reconcile_waits_for_a_look_at_its_generation() {
+        let mut b: Bundle = serde_json::from_value(json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
+            "metadata": {"name": "app", "namespace": "ws", "generation": 3},
+            "spec": {"helm": {"chart": "app", "repo": "https://c", "version": "^0.1"},
+                     "pollingInterval": "30s"}
+        }))
+        .unwrap();
+        assert_eq!(recorded(&b), Recorded::Waiting, "never looked");
+        let polled = |generation| {
+            serde_json::from_value(json!({
+                "version": "0.1.4",
+                "conditions": [{"type": "Polled", "status": "True", "reason": "VersionResolved",
+                    "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+                    "observedGeneration": generation}]
+            }))
+            .unwrap()
+        };
+        b.status = Some(polled(2));
+        assert_eq!(recorded(&b), Recorded::Waiting, "looked at an older spec");
+        b.status = Some(polled(3));
+        assert_eq!(recorded(&b), Recorded::Version(Some("0.1.4".into())));
+        b.spec.polling_interval = None;
+        assert_eq!(recorded(&b), Recorded::NotPolling);
     }
 }

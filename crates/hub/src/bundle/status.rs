@@ -87,8 +87,6 @@ pub struct BundleFacts {
     pub paused: bool,
     /// BundleDeployments of matched clusters by state.
     pub summary: BundleSummary,
-    /// With `pollingInterval`: the last look at the chart repository.
-    pub polled: Option<crate::helm_poll::PollReport>,
     /// `dependsOn` cannot be resolved (reason word, message): every cluster is held.
     pub dependency_error: Option<(&'static str, String)>,
     /// Clusters held back by `dependsOn`, each with what it waits for, sorted.
@@ -110,6 +108,18 @@ pub struct RolloutFacts {
     pub max_unavailable_partitions: usize,
     /// RolloutProgressing / RolloutHalted / RolledBack, or an invalid strategy's message.
     pub conditions: Vec<super::rollout::RolloutCondition>,
+}
+
+/// The part of a Bundle's status the Bundle controller applies: without the shard entries
+/// (each shard replica's own) and the poll controller's `version` and `Polled`
+/// (decision 0113-chart-polling-controller).
+pub(crate) fn ours(mut status: BundleStatus) -> BundleStatus {
+    status.shards.clear();
+    status.version = None;
+    status
+        .conditions
+        .retain(|c| c.type_ != tender_types::conditions::TYPE_POLLED);
+    status
 }
 
 /// The Bundle status for `facts`, starting from `existing` so condition transition times are
@@ -261,7 +271,6 @@ pub fn bundle_status(
         generation,
         now.clone(),
     );
-    crate::helm_poll::set_status(&mut status, facts.polled.as_ref(), generation, now.clone());
     status.summary = Some(s.clone());
     rollout_status(&mut status, facts.rollout.as_ref(), generation, now);
     status.display = Some(BundleDisplay {

@@ -32,6 +32,8 @@ use crate::summary::{DeploymentState, classify_with};
 pub(crate) struct ControllerInputs {
     /// Applied Bundles (the controller's own trigger stream).
     pub bundles: UnboundedReceiver<Arc<Bundle>>,
+    /// Applied Bundles, for the poll controller.
+    pub polls: UnboundedReceiver<Arc<Bundle>>,
     /// Bundles another object's change concerns.
     pub bundle: UnboundedReceiver<ObjectRef<Bundle>>,
     /// "Every Bundle": a change that may retarget any of them.
@@ -53,6 +55,7 @@ pub(crate) struct ControllerInputs {
 #[derive(Clone)]
 struct Triggers {
     bundles: UnboundedSender<Arc<Bundle>>,
+    polls: UnboundedSender<Arc<Bundle>>,
     bundle: UnboundedSender<ObjectRef<Bundle>>,
     all_bundles: UnboundedSender<()>,
     clusters: UnboundedSender<Arc<Cluster>>,
@@ -89,6 +92,7 @@ pub(crate) fn feeds(
     events: CacheEvents,
 ) -> (Vec<BoxFuture<'static, ()>>, ControllerInputs) {
     let (bundles_tx, bundles) = unbounded();
+    let (polls_tx, polls) = unbounded();
     let (bundle_tx, bundle) = unbounded();
     let (all_tx, all_bundles) = unbounded();
     let (clusters_tx, clusters) = unbounded();
@@ -99,6 +103,7 @@ pub(crate) fn feeds(
     let (helmop_tx, helmop) = unbounded();
     let t = Triggers {
         bundles: bundles_tx,
+        polls: polls_tx,
         bundle: bundle_tx,
         all_bundles: all_tx,
         clusters: clusters_tx,
@@ -156,6 +161,7 @@ pub(crate) fn feeds(
     }
     let inputs = ControllerInputs {
         bundles,
+        polls,
         bundle,
         all_bundles,
         clusters,
@@ -264,6 +270,9 @@ fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<
             if !deleted && wake {
                 let _ = t.bundles.unbounded_send(Arc::new(b.clone()));
             }
+            if !deleted && shard.is_none() {
+                let _ = t.polls.unbounded_send(Arc::new(b.clone()));
+            }
             let h =
                 ObjectRef::<HelmOp>::new(&b.name_any()).within(&b.namespace().unwrap_or_default());
             if ctx.stores.helmops.get(&h).is_some() {
@@ -274,9 +283,18 @@ fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<
 }
 
 /// What a shard replica `id` acts on in a Bundle: its spec (generation), deletion, finalizers,
-/// labels and annotations, and its own status entry (so a removed entry is written again) —
-/// not the other replicas' entries nor the folded status.
+/// labels and annotations, its own status entry (so a removed entry is written again) and what
+/// the poll controller recorded (the version it deploys) — not the other replicas' entries
+/// nor the folded status.
 fn shard_wake_key(b: &Bundle, id: &str) -> u64 {
+    let polled = b.status.as_ref().map(|s| {
+        let looked = tender_types::conditions::find_condition(
+            &s.conditions,
+            tender_types::conditions::TYPE_POLLED,
+        )
+        .map(|c| c.observed_generation);
+        (s.version.clone(), looked)
+    });
     let own = b
         .status
         .as_ref()
@@ -290,6 +308,7 @@ fn shard_wake_key(b: &Bundle, id: &str) -> u64 {
         &m.labels,
         &m.annotations,
         own,
+        polled,
     ))
 }
 
