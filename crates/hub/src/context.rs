@@ -204,6 +204,10 @@ pub(crate) struct UpstreamMemo {
     pub verdicts: Mutex<Verdicts>,
     /// (cluster ns, Role name) → hash of the Role/RoleBinding this process applied.
     pub access: Mutex<HashMap<(String, String), String>>,
+    /// (Bundle namespace, name) → the status lines of its last reverse-sync run, which the
+    /// Bundle controller writes (decision 0114-reverse-sync-controller). Absent: not run since
+    /// this process started, and the lines in status stay.
+    pub lines: Mutex<HashMap<(String, String), Vec<tender_types::UpstreamPublication>>>,
 }
 
 /// The status write of `K` `namespace/name` (server-side apply of `new` to the status

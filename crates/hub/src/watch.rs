@@ -15,7 +15,7 @@ use crate::caches::{caches, synced};
 use crate::context::{Ctx, Scope};
 use crate::sources::SourceIndex;
 use crate::triggers::{ControllerInputs, feeds};
-use crate::{Error, HubConfig, HubMetrics, bundle, cluster, group, helmop, poll};
+use crate::{Error, HubConfig, HubMetrics, bundle, cluster, group, helmop, poll, upstream};
 
 /// Builds caches and controllers for every configured scope and runs them.
 pub(crate) async fn run_controllers(
@@ -196,6 +196,9 @@ async fn run(
     let ControllerInputs {
         bundles,
         polls,
+        upstreams,
+        upstream,
+        all_upstreams,
         bundle,
         all_bundles,
         clusters,
@@ -211,9 +214,22 @@ async fn run(
         .reconcile_on(push_states)
         .run(cluster::reconcile, cluster::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
+    // Reverse sync (decision 0114-reverse-sync-controller): woken by what wakes the Bundle
+    // controller; wakes it in turn when a Bundle's status lines changed.
+    let (lines_tx, lines_changed) = futures::channel::mpsc::unbounded();
+    let upstream_ctx = Arc::new(upstream::UpstreamCtx {
+        ctx: ctx.clone(),
+        lines_changed: lines_tx,
+    });
+    let upstream_controller = Controller::for_shared_stream(upstreams, s.bundles.clone())
+        .reconcile_all_on(all_upstreams)
+        .reconcile_on(upstream)
+        .run(upstream::reconcile, upstream::error_policy, upstream_ctx)
+        .for_each(|_| futures::future::ready(()));
     let bundle_controller = Controller::for_shared_stream(bundles, s.bundles.clone())
         .reconcile_all_on(all_bundles)
         .reconcile_on(bundle)
+        .reconcile_on(lines_changed)
         .run(bundle::reconcile, bundle::error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     // ClusterGroup counts (every replica caches every Cluster) and HelmOps (their Bundle and
@@ -221,7 +237,7 @@ async fn run(
     // shard replica drops their trigger streams, so nothing queues up for them.
     if ctx.config.shard_id.is_some() {
         drop((groups, group, helmops, helmop, polls));
-        tokio::join!(cluster_controller, bundle_controller);
+        tokio::join!(cluster_controller, bundle_controller, upstream_controller);
         return;
     }
     let group_controller = Controller::for_shared_stream(groups, s.groups)
@@ -250,6 +266,7 @@ async fn run(
         cluster_controller,
         group_controller,
         bundle_controller,
+        upstream_controller,
         poll_controller,
         helmop_controller
     );

@@ -89,8 +89,7 @@ struct ClusterWrites {
     too_large: Option<String>,
 }
 
-async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
-    let bundle: &Bundle = shared;
+async fn apply(bundle: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
     let ns = bundle.namespace().unwrap_or_default();
     let name = bundle.name_any();
     let copying = plan::Copying {
@@ -138,7 +137,7 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
     let owned: Vec<Option<String>> = clusters.iter().map(|c| ctx.owned_namespace(c)).collect();
     let groups = observe::groups_in(ctx, &ns);
     let input = planning::Planning {
-        bundle: Arc::clone(shared),
+        bundle: Arc::clone(bundle),
         version: version.clone(),
         clusters,
         owned,
@@ -167,7 +166,15 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
     };
     let (mut created, mut updated, mut copies, mut deleted) = (0, 0, 0, 0);
     let started = Instant::now();
-    let mut upstream = None;
+    // Reverse sync's status lines, as its controller left them (decision
+    // 0114-reverse-sync-controller); none yet: the lines in status stay.
+    let upstream = ctx
+        .upstream
+        .lines
+        .lock()
+        .expect("lines")
+        .get(&(ns.clone(), name.clone()))
+        .cloned();
     let mut requeue = None;
     match planned {
         // Never untarget on a selector we cannot evaluate: leave everything as it is.
@@ -301,13 +308,6 @@ async fn apply(shared: &Arc<Bundle>, ctx: &Ctx) -> Result<Action, Error> {
                 .filter(|bd| bd.metadata.deletion_timestamp.is_none())
                 .map(AsRef::as_ref)
                 .collect();
-            // Reverse sync (`upstreamResources`) for the clusters this Bundle targets.
-            let targeted: Vec<(String, String)> = plan
-                .deployments
-                .iter()
-                .map(|d| (d.cluster.clone(), d.namespace.clone()))
-                .collect();
-            upstream = crate::upstream::reconcile(ctx, bundle, &targeted).await?;
             facts.matched = plan.matched.len();
             facts.summary = summarize_with(plan.matched.len(), current, |bd| {
                 ctx.expected_deployment_id(bd)
@@ -649,6 +649,11 @@ pub(crate) fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
 async fn cleanup(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
     let ns = bundle.namespace().unwrap_or_default();
     ctx.sources.remove(&(ns.clone(), bundle.name_any()));
+    ctx.upstream
+        .lines
+        .lock()
+        .expect("lines")
+        .remove(&(ns.clone(), bundle.name_any()));
     if ctx.config.shard_id.is_none()
         && let Some(op) = shards::stale_shard_finalizers(bundle, &ctx.shards_serving(&ns))
     {

@@ -34,6 +34,12 @@ pub(crate) struct ControllerInputs {
     pub bundles: UnboundedReceiver<Arc<Bundle>>,
     /// Applied Bundles, for the poll controller.
     pub polls: UnboundedReceiver<Arc<Bundle>>,
+    /// Applied Bundles, for the reverse-sync controller.
+    pub upstreams: UnboundedReceiver<Arc<Bundle>>,
+    /// Bundles another object's change concerns, for the reverse-sync controller.
+    pub upstream: UnboundedReceiver<ObjectRef<Bundle>>,
+    /// "Every Bundle", for the reverse-sync controller.
+    pub all_upstreams: UnboundedReceiver<()>,
     /// Bundles another object's change concerns.
     pub bundle: UnboundedReceiver<ObjectRef<Bundle>>,
     /// "Every Bundle": a change that may retarget any of them.
@@ -56,6 +62,9 @@ pub(crate) struct ControllerInputs {
 struct Triggers {
     bundles: UnboundedSender<Arc<Bundle>>,
     polls: UnboundedSender<Arc<Bundle>>,
+    upstreams: UnboundedSender<Arc<Bundle>>,
+    upstream: UnboundedSender<ObjectRef<Bundle>>,
+    all_upstreams: UnboundedSender<()>,
     bundle: UnboundedSender<ObjectRef<Bundle>>,
     all_bundles: UnboundedSender<()>,
     clusters: UnboundedSender<Arc<Cluster>>,
@@ -66,12 +75,15 @@ struct Triggers {
     helmop: UnboundedSender<ObjectRef<HelmOp>>,
 }
 
-// A closed channel means the controllers are stopping; nothing to do.
+// A closed channel means the controllers are stopping; nothing to do. What wakes the Bundle
+// controller wakes reverse sync too (decision 0114-reverse-sync-controller).
 impl Triggers {
     fn bundle(&self, r: ObjectRef<Bundle>) {
+        let _ = self.upstream.unbounded_send(r.clone());
         let _ = self.bundle.unbounded_send(r);
     }
     fn all_bundles(&self) {
+        let _ = self.all_upstreams.unbounded_send(());
         let _ = self.all_bundles.unbounded_send(());
     }
     fn cluster(&self, r: ObjectRef<Cluster>) {
@@ -93,6 +105,9 @@ pub(crate) fn feeds(
 ) -> (Vec<BoxFuture<'static, ()>>, ControllerInputs) {
     let (bundles_tx, bundles) = unbounded();
     let (polls_tx, polls) = unbounded();
+    let (upstreams_tx, upstreams) = unbounded();
+    let (upstream_tx, upstream) = unbounded();
+    let (all_upstreams_tx, all_upstreams) = unbounded();
     let (bundle_tx, bundle) = unbounded();
     let (all_tx, all_bundles) = unbounded();
     let (clusters_tx, clusters) = unbounded();
@@ -104,6 +119,9 @@ pub(crate) fn feeds(
     let t = Triggers {
         bundles: bundles_tx,
         polls: polls_tx,
+        upstreams: upstreams_tx,
+        upstream: upstream_tx,
+        all_upstreams: all_upstreams_tx,
         bundle: bundle_tx,
         all_bundles: all_tx,
         clusters: clusters_tx,
@@ -162,6 +180,9 @@ pub(crate) fn feeds(
     let inputs = ControllerInputs {
         bundles,
         polls,
+        upstreams,
+        upstream,
+        all_upstreams,
         bundle,
         all_bundles,
         clusters,
@@ -269,6 +290,7 @@ fn bundle_feed(ctx: Arc<Ctx>, t: Triggers, events: Events<Bundle>) -> BoxFuture<
             };
             if !deleted && wake {
                 let _ = t.bundles.unbounded_send(Arc::new(b.clone()));
+                let _ = t.upstreams.unbounded_send(Arc::new(b.clone()));
             }
             if !deleted && shard.is_none() {
                 let _ = t.polls.unbounded_send(Arc::new(b.clone()));

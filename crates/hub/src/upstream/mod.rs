@@ -1,7 +1,10 @@
-//! Reverse sync on the hub (`Bundle.spec.upstreamResources`), run as one step of every Bundle
-//! reconcile: per targeted cluster, the placeholders and the agent's access to exactly those
-//! names (observe: caches → [`plan`] → executor), then each placeholder's content validated and
-//! published in the Bundle's namespace, and everything no longer wanted deleted.
+//! Reverse sync on the hub (`Bundle.spec.upstreamResources`) as a controller of its own,
+//! keyed by Bundle (decision 0114-reverse-sync-controller): per cluster the Bundle has a
+//! BundleDeployment in, the placeholders and the agent's access to exactly those names
+//! (observe: caches → [`plan`] → executor), then each placeholder's content validated and
+//! published in the Bundle's namespace, and everything no longer wanted deleted. Its status
+//! lines go to [`UpstreamMemo::lines`](crate::context::UpstreamMemo), and a change wakes the
+//! Bundle controller, whose status module writes them (in the shard entry on a shard replica).
 //!
 //! A placeholder's content is read (one GET) only when its resourceVersion moved since the hub
 //! last judged it; the verdict is remembered, never the data.
@@ -9,6 +12,11 @@
 pub mod plan;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::channel::mpsc::UnboundedSender;
+use kube::runtime::controller::Action;
+use tender_runtime::retry;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
@@ -27,9 +35,77 @@ use crate::context::Ctx;
 use crate::{Error, kube_err};
 use plan::{Entry, LivePublished, Observed, PlaceholderContent, Reach, Verdict};
 
-/// Runs the reverse-sync step of Bundle `bundle` for its targeted `clusters` (name, cluster
-/// namespace) and returns its status lines (`None`: the Bundle has nothing to do with it).
-pub(crate) async fn reconcile(
+const CONTROLLER: &str = "upstream";
+
+/// What the reverse-sync controller shares: the scope's context and the Bundle controller's
+/// trigger, pulled when a Bundle's lines changed.
+pub(crate) struct UpstreamCtx {
+    /// The scope's context.
+    pub ctx: Arc<Ctx>,
+    /// Wakes the Bundle controller for a Bundle whose status lines changed.
+    pub lines_changed: UnboundedSender<ObjectRef<Bundle>>,
+}
+
+/// Reverse sync for `bundle`: publishes for every cluster it has a BundleDeployment in, and
+/// leaves its status lines for the Bundle controller.
+pub(crate) async fn reconcile(bundle: Arc<Bundle>, uc: Arc<UpstreamCtx>) -> Result<Action, Error> {
+    let ctx = &uc.ctx;
+    let _timer = ctx.metrics.reconcile(CONTROLLER);
+    let key = (bundle.namespace().unwrap_or_default(), bundle.name_any());
+    if bundle.metadata.deletion_timestamp.is_some() {
+        // What it published is owned by the Bundle: the garbage collector removes it.
+        ctx.upstream.lines.lock().expect("lines").remove(&key);
+        return Ok(Action::await_change());
+    }
+    let clusters = deployed_clusters(ctx, &bundle);
+    let Some(lines) = publish(ctx, &bundle, &clusters).await? else {
+        return Ok(Action::await_change());
+    };
+    let before = ctx
+        .upstream
+        .lines
+        .lock()
+        .expect("lines")
+        .insert(key, lines.clone());
+    if before.as_ref() != Some(&lines) {
+        let _ = uc
+            .lines_changed
+            .unbounded_send(ObjectRef::from_obj(bundle.as_ref()));
+    }
+    Ok(Action::await_change())
+}
+
+pub(crate) fn error_policy(bundle: Arc<Bundle>, error: &Error, uc: Arc<UpstreamCtx>) -> Action {
+    retry::error_policy(
+        CONTROLLER,
+        bundle.as_ref(),
+        error,
+        &uc.ctx.retries,
+        &uc.ctx.metrics,
+    )
+}
+
+/// The clusters (name, cluster namespace) of this replica where `bundle` has a
+/// BundleDeployment not being deleted: where the hub put it (the namespace it created for the
+/// Cluster), as the Bundle controller writes it (decision 0073-hub-writes-where-it-derives).
+fn deployed_clusters(ctx: &Ctx, bundle: &Bundle) -> Vec<(String, String)> {
+    let ns = bundle.namespace().unwrap_or_default();
+    let bd_name = tender_types::names::bundle_deployment_name(&bundle.name_any());
+    ctx.own_clusters_in(&ns)
+        .iter()
+        .filter_map(|c| Some((c.name_any(), ctx.owned_namespace(c)?)))
+        .filter(|(_, cns)| {
+            ctx.stores
+                .bundle_deployments
+                .get(&ObjectRef::new(&bd_name).within(cns))
+                .is_some_and(|bd| bd.metadata.deletion_timestamp.is_none())
+        })
+        .collect()
+}
+
+/// Runs reverse sync of Bundle `bundle` for `clusters` (name, cluster namespace) and returns
+/// its status lines (`None`: the Bundle has nothing to do with it).
+async fn publish(
     ctx: &Ctx,
     bundle: &Bundle,
     clusters: &[(String, String)],
