@@ -314,39 +314,3 @@ pub(crate) async fn source_for_copy(
     }
     Ok(source)
 }
-
-/// `dependsOn` over the workspace's cached Bundles and the dependencies' cached
-/// BundleDeployments: holds the clusters of `plan` that must wait ([`super::depends::gate`]).
-pub(crate) fn dependencies_gate(
-    ctx: &Ctx,
-    bundle: &Bundle,
-    plan: &mut super::plan::Plan,
-) -> super::depends::Gate {
-    use super::depends::{Node, bundle_state, gate, resolve};
-    let ns = bundle.namespace().unwrap_or_default();
-    let workspace: Vec<Arc<Bundle>> = ctx
-        .stores
-        .bundles
-        .state()
-        .into_iter()
-        .filter(|b| b.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|b| b.metadata.deletion_timestamp.is_none())
-        .collect();
-    let nodes: Vec<Node<'_>> = workspace
-        .iter()
-        .map(|b| Node {
-            name: b.metadata.name.as_deref().unwrap_or_default(),
-            labels: b.metadata.labels.as_ref().unwrap_or(no_labels()),
-            depends_on: &b.spec.depends_on,
-        })
-        .collect();
-    let resolution = resolve(&bundle.name_any(), &bundle.spec.depends_on, &nodes);
-    gate(plan, &resolution, |dependency, cluster_ns| {
-        live_deployment(ctx, cluster_ns, &names::bundle_deployment_name(dependency))
-            .filter(|bd| bd.metadata.deletion_timestamp.is_none())
-            .map(|bd| {
-                let expected = ctx.expected_deployment_id(&bd);
-                bundle_state(crate::summary::classify_with(&bd, &expected))
-            })
-    })
-}

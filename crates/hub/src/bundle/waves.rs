@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use tender_runtime::executor::{Apply, Op};
 use tender_types::rollout::RolloutStrategy;
 use tender_types::targeting::GroupInfo;
@@ -14,8 +14,10 @@ use tender_types::{Bundle, BundleDeployment, labels};
 
 use super::ops::{self, CopyStep, DeploymentStep, LiveCopy};
 use super::plan::{ClusterView, DesiredCopy, Plan, SourceKey, SourceState};
+use super::read::Seen;
 use super::revisions;
 use super::rollout::{self, ClusterRollout, Decision, Gate};
+use super::status::{BundleFacts, RolloutFacts};
 use crate::Error;
 use crate::context::Ctx;
 use crate::summary::classify_with;
@@ -48,6 +50,50 @@ pub(crate) enum Halt {
     InvalidStrategy(String),
     /// The kept state does not parse or verify (decision 0112).
     InvalidState(String),
+}
+
+/// The reconcile's rollout step for the Bundle `seen` read and its `plan`: the gate's answer
+/// (`None` without a strategy, or when it halts, which `facts` then says), with the gate's
+/// events recorded.
+pub(crate) async fn step(
+    ctx: &Ctx,
+    seen: &Seen,
+    plan: &Plan,
+    facts: &mut BundleFacts,
+) -> Result<Option<Waves>, Error> {
+    let bundle = seen.bundle.as_ref();
+    let Some(strategy) = &bundle.spec.rollout_strategy else {
+        return Ok(None);
+    };
+    let ns = bundle.namespace().unwrap_or_default();
+    let spec = super::poll::resolved_spec(&bundle.spec, seen.version.as_deref());
+    let views = super::planning::cluster_views(&seen.clusters, &seen.owned, &ns);
+    let groups = super::planning::group_infos(&seen.groups);
+    let input = GateInput {
+        strategy,
+        spec: &spec,
+        plan,
+        views: &views,
+        groups: &groups,
+        by_ns: &seen.existing,
+        copies_by_ns: &seen.copies_by_ns,
+        sources: &seen.sources,
+    };
+    match gate(ctx, bundle, &input).await? {
+        Ok(w) => {
+            facts.rollout = Some(RolloutFacts::of(&w.gate));
+            let reference = bundle.object_ref(&());
+            ctx.exec
+                .execute_in_order(super::events::rollout_events(&reference, &w.gate.events))
+                .await?;
+            Ok(Some(w))
+        }
+        // Its Event comes with the status write (events::transition_events).
+        Err(halt) => {
+            facts.rollout = Some(RolloutFacts::halted(&halt));
+            Ok(None)
+        }
+    }
 }
 
 /// Runs the gate for `bundle`, or says why it halts.
@@ -265,7 +311,7 @@ pub(crate) async fn write_rollback(
             owner: &owner,
             labels: &owned,
             keys: &keys,
-            signed_at: super::next_signed_at(live_copy.as_ref()),
+            signed_at: super::execute::next_signed_at(live_copy.as_ref()),
         };
         let mut body = body;
         body["metadata"]["annotations"][labels::HUB_SIGNATURE] =
