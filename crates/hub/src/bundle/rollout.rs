@@ -259,47 +259,8 @@ pub fn gate(
     let on_failure = strategy.on_failure.unwrap_or_default();
     let mut events = Vec::new();
 
-    let mut state = match inputs.previous {
-        Some(s) if s.revision == inputs.revision => s.clone(),
-        previous => {
-            if previous.is_some() {
-                events.push(RolloutEvent {
-                    warning: false,
-                    reason: "RolloutStarted",
-                    message: format!("rolling out in {} waves", waves.len()),
-                });
-            }
-            State {
-                revision: inputs.revision.to_string(),
-                resume: inputs.resume.map(str::to_string),
-                ..State::default()
-            }
-        }
-    };
-    state.waves.resize(waves.len(), WaveState::default());
-    // A first rollout (no state yet) starts from what is deployed: the waves still gate it.
-    if inputs.resume.is_some() && inputs.resume != state.resume.as_deref() {
-        state.resume = inputs.resume.map(str::to_string);
-        if let Some(f) = state.failed.take() {
-            if state.rolled_back {
-                // Start over: every wave waits again, the first is released below.
-                state
-                    .waves
-                    .iter_mut()
-                    .for_each(|w| *w = WaveState::default());
-            } else if let Some(w) = state.waves.get_mut(f.wave) {
-                w.released_at = Some(now);
-            }
-            state.rolled_back = false;
-            events.push(RolloutEvent {
-                warning: false,
-                reason: "RolloutResumed",
-                message: format!("resumed at wave {}", f.wave + 1),
-            });
-        }
-    }
+    let mut state = starting_state(inputs, waves.len(), &mut events);
 
-    let mut decisions = BTreeMap::new();
     let mut wave_of = BTreeMap::new();
     let mut snapshot = Vec::new();
     let mut partitions = Vec::new();
@@ -399,46 +360,16 @@ pub fn gate(
         }
     }
     if let Some((wave, why)) = failed_now {
-        state.failed = Some(Failure {
-            wave,
-            reason: why.to_string(),
-            at: now,
-        });
-        let rollback = on_failure == OnFailure::Rollback && inputs.rollback_possible;
-        state.rolled_back = rollback;
-        events.push(RolloutEvent {
-            warning: true,
-            reason: if rollback { reason::ROLLED_BACK } else { why },
-            message: format!(
-                "wave {} ({}) failed: {why}; {}",
-                wave + 1,
-                partitions[wave].name,
-                if rollback {
-                    "its clusters are returned to their previous revision and the rollout stops"
-                } else if on_failure == OnFailure::Rollback {
-                    "its previous revision was not kept, so the rollout pauses"
-                } else {
-                    "the rollout pauses"
-                }
-            ),
-        });
-        partitions[wave].phase = if rollback { "RolledBack" } else { "Failed" }.to_string();
+        record_failure(
+            &mut state,
+            (wave, why),
+            inputs,
+            on_failure,
+            &mut partitions,
+            &mut events,
+        );
     }
-    for (i, (_, members, _)) in waves.iter().enumerate() {
-        let released = state.waves[i].released_at.is_some();
-        let rolled_back = state.rolled_back && state.failed.as_ref().is_some_and(|f| f.wave == i);
-        for &c in members {
-            let cluster = &clusters[c];
-            let decision = if rolled_back {
-                Decision::Rollback
-            } else if released || cluster.live.is_none() {
-                Decision::Release
-            } else {
-                Decision::Hold
-            };
-            decisions.insert(cluster.name.to_string(), decision);
-        }
-    }
+    let decisions = decisions(&waves, &state, clusters);
     if state.failed.is_none() && partitions.iter().all(|p| p.phase == "Done") {
         state.complete = true;
     }
@@ -460,6 +391,115 @@ pub fn gate(
         wave_of,
         state,
     })
+}
+
+/// The state the gate starts from: the kept one for the same revision, else a new one (a
+/// `RolloutStarted` event when it replaces another); a new `resume` value resumes a failure.
+fn starting_state(inputs: &Inputs<'_>, waves: usize, events: &mut Vec<RolloutEvent>) -> State {
+    let now = inputs.now;
+    let mut state = match inputs.previous {
+        Some(s) if s.revision == inputs.revision => s.clone(),
+        previous => {
+            if previous.is_some() {
+                events.push(RolloutEvent {
+                    warning: false,
+                    reason: "RolloutStarted",
+                    message: format!("rolling out in {waves} waves"),
+                });
+            }
+            State {
+                revision: inputs.revision.to_string(),
+                resume: inputs.resume.map(str::to_string),
+                ..State::default()
+            }
+        }
+    };
+    state.waves.resize(waves, WaveState::default());
+    // A first rollout (no state yet) starts from what is deployed: the waves still gate it.
+    if inputs.resume.is_some() && inputs.resume != state.resume.as_deref() {
+        state.resume = inputs.resume.map(str::to_string);
+        if let Some(f) = state.failed.take() {
+            if state.rolled_back {
+                // Start over: every wave waits again, the first is released below.
+                state
+                    .waves
+                    .iter_mut()
+                    .for_each(|w| *w = WaveState::default());
+            } else if let Some(w) = state.waves.get_mut(f.wave) {
+                w.released_at = Some(now);
+            }
+            state.rolled_back = false;
+            events.push(RolloutEvent {
+                warning: false,
+                reason: "RolloutResumed",
+                message: format!("resumed at wave {}", f.wave + 1),
+            });
+        }
+    }
+    state
+}
+
+/// Records wave `wave`'s failure (`why`): the state, the event, the wave's phase; rolled
+/// back when the strategy says so and the previous revision was kept.
+fn record_failure(
+    state: &mut State,
+    (wave, why): (usize, &'static str),
+    inputs: &Inputs<'_>,
+    on_failure: OnFailure,
+    partitions: &mut [PartitionStatus],
+    events: &mut Vec<RolloutEvent>,
+) {
+    let now = inputs.now;
+    state.failed = Some(Failure {
+        wave,
+        reason: why.to_string(),
+        at: now,
+    });
+    let rollback = on_failure == OnFailure::Rollback && inputs.rollback_possible;
+    state.rolled_back = rollback;
+    events.push(RolloutEvent {
+        warning: true,
+        reason: if rollback { reason::ROLLED_BACK } else { why },
+        message: format!(
+            "wave {} ({}) failed: {why}; {}",
+            wave + 1,
+            partitions[wave].name,
+            if rollback {
+                "its clusters are returned to their previous revision and the rollout stops"
+            } else if on_failure == OnFailure::Rollback {
+                "its previous revision was not kept, so the rollout pauses"
+            } else {
+                "the rollout pauses"
+            }
+        ),
+    });
+    partitions[wave].phase = if rollback { "RolledBack" } else { "Failed" }.to_string();
+}
+
+/// Each cluster's decision: rolled back in a rolled-back wave, released in a released wave
+/// (or when it has nothing deployed yet), else held.
+fn decisions(
+    waves: &[(String, Vec<usize>, usize)],
+    state: &State,
+    clusters: &[ClusterRollout<'_>],
+) -> BTreeMap<String, Decision> {
+    let mut decisions = BTreeMap::new();
+    for (i, (_, members, _)) in waves.iter().enumerate() {
+        let released = state.waves[i].released_at.is_some();
+        let rolled_back = state.rolled_back && state.failed.as_ref().is_some_and(|f| f.wave == i);
+        for &c in members {
+            let cluster = &clusters[c];
+            let decision = if rolled_back {
+                Decision::Rollback
+            } else if released || cluster.live.is_none() {
+                Decision::Release
+            } else {
+                Decision::Hold
+            };
+            decisions.insert(cluster.name.to_string(), decision);
+        }
+    }
+    decisions
 }
 
 fn conditions(

@@ -134,57 +134,7 @@ pub fn bundle_status(
     status.observed_generation = generation;
     let s = &facts.summary;
 
-    // Copies.
-    let (copied, copy_reason, copy_message) = if !facts.missing.is_empty() {
-        (
-            false,
-            reason::SOURCE_NOT_FOUND,
-            format!(
-                "not found in the Bundle's namespace: {}; nothing is written for the clusters that need them until they exist",
-                facts.missing.join(", ")
-            ),
-        )
-    } else if let Some((bytes, limit)) = facts.copy_limit {
-        (
-            false,
-            reason::COPY_LIMIT_EXCEEDED,
-            format!(
-                "the copies for every targeted cluster would hold {bytes} bytes on the hub, over the hub's limit of {limit} (--max-copied-bytes-per-bundle); nothing new is written, what is deployed stays"
-            ),
-        )
-    } else if !facts.refused.is_empty() {
-        (
-            false,
-            reason::SOURCE_REFUSED,
-            format!(
-                "never copied: {} (a Secret a Cluster names as its kubeconfig, or a ServiceAccount token); nothing is written for the clusters that need them",
-                facts.refused.join(", ")
-            ),
-        )
-    } else if !facts.unsupported.is_empty() {
-        (
-            false,
-            reason::KIND_NOT_ALLOWED,
-            format!(
-                "kind not allowed by the hub operator (--copyable-kinds): {}; nothing is written for the clusters that need them",
-                facts.unsupported.join(", ")
-            ),
-        )
-    } else if facts.copy_disabled {
-        (
-            false,
-            reason::COPY_FEATURE_DISABLED,
-            "downstreamResources is ignored: EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM is off on the hub, so nothing is copied".to_string(),
-        )
-    } else if facts.copies == 0 {
-        (true, reason::NO_RESOURCES_TO_COPY, String::new())
-    } else {
-        (
-            true,
-            reason::RESOURCES_COPIED,
-            format!("{} copies in place", facts.copies),
-        )
-    };
+    let (copied, copy_reason, copy_message) = copies_condition(facts);
     conditions::set_condition(
         &mut status.conditions,
         TYPE_RESOURCES_COPIED,
@@ -278,6 +228,60 @@ pub fn bundle_status(
         state: state.to_string(),
     });
     status
+}
+
+/// The `ResourcesCopied` condition for `facts`: status, reason, message.
+fn copies_condition(facts: &BundleFacts) -> (bool, &'static str, String) {
+    if !facts.missing.is_empty() {
+        (
+            false,
+            reason::SOURCE_NOT_FOUND,
+            format!(
+                "not found in the Bundle's namespace: {}; nothing is written for the clusters that need them until they exist",
+                facts.missing.join(", ")
+            ),
+        )
+    } else if let Some((bytes, limit)) = facts.copy_limit {
+        (
+            false,
+            reason::COPY_LIMIT_EXCEEDED,
+            format!(
+                "the copies for every targeted cluster would hold {bytes} bytes on the hub, over the hub's limit of {limit} (--max-copied-bytes-per-bundle); nothing new is written, what is deployed stays"
+            ),
+        )
+    } else if !facts.refused.is_empty() {
+        (
+            false,
+            reason::SOURCE_REFUSED,
+            format!(
+                "never copied: {} (a Secret a Cluster names as its kubeconfig, or a ServiceAccount token); nothing is written for the clusters that need them",
+                facts.refused.join(", ")
+            ),
+        )
+    } else if !facts.unsupported.is_empty() {
+        (
+            false,
+            reason::KIND_NOT_ALLOWED,
+            format!(
+                "kind not allowed by the hub operator (--copyable-kinds): {}; nothing is written for the clusters that need them",
+                facts.unsupported.join(", ")
+            ),
+        )
+    } else if facts.copy_disabled {
+        (
+            false,
+            reason::COPY_FEATURE_DISABLED,
+            "downstreamResources is ignored: EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM is off on the hub, so nothing is copied".to_string(),
+        )
+    } else if facts.copies == 0 {
+        (true, reason::NO_RESOURCES_TO_COPY, String::new())
+    } else {
+        (
+            true,
+            reason::RESOURCES_COPIED,
+            format!("{} copies in place", facts.copies),
+        )
+    }
 }
 
 impl RolloutFacts {
