@@ -132,3 +132,168 @@ pub(super) fn group_infos(groups: &[Arc<ClusterGroup>]) -> Vec<GroupInfo<'_>> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+    use serde_json::json;
+    use tender_runtime::Op;
+    use tender_types::{Bundle, BundleDeployment, BundleState, names};
+
+    use super::*;
+    use crate::bundle::depends::Resolution;
+
+    fn bundle(spec: serde_json::Value) -> Arc<Bundle> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
+                "metadata": {"name": "app", "namespace": "ws", "uid": "b-uid", "generation": 1},
+                "spec": spec,
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn cluster(name: &str) -> Arc<Cluster> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "tender.dev/v1alpha1", "kind": "Cluster",
+                "metadata": {"name": name, "namespace": "ws", "labels": {"env": "prod"}},
+                "spec": {},
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn deployment(cluster: &str, deleting: bool) -> (String, Arc<BundleDeployment>) {
+        let cns = names::cluster_namespace("ws", cluster);
+        let mut bd: BundleDeployment = serde_json::from_value(json!({
+            "apiVersion": "tender.dev/v1alpha1", "kind": "BundleDeployment",
+            "metadata": {"name": "app", "namespace": cns, "uid": format!("uid-{cluster}")},
+            "spec": {"deploymentID": "x", "options": {"defaultNamespace": "default"}},
+        }))
+        .unwrap();
+        if deleting {
+            bd.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::from_second(1).unwrap(),
+                ));
+        }
+        (cns, Arc::new(bd))
+    }
+
+    /// The Bundle targeting `env=prod` as read with `clusters` (each in its hub namespace).
+    fn seen(spec: serde_json::Value, clusters: &[&str]) -> Seen {
+        let clusters: Vec<Arc<Cluster>> = clusters.iter().map(|c| cluster(c)).collect();
+        let owned = clusters
+            .iter()
+            .map(|c| {
+                Some(names::cluster_namespace(
+                    "ws",
+                    c.metadata.name.as_deref().unwrap(),
+                ))
+            })
+            .collect();
+        Seen {
+            bundle: bundle(spec),
+            version: None,
+            clusters,
+            owned,
+            groups: Vec::new(),
+            sources: BTreeMap::new(),
+            copying: plan::Copying {
+                enabled: true,
+                allowed: tender_types::copy::CopyableKind::parse_list(
+                    tender_types::copy::DEFAULT_COPYABLE_KINDS,
+                )
+                .unwrap(),
+            },
+            fetched: HashMap::new(),
+            existing: HashMap::new(),
+            copies_by_ns: HashMap::new(),
+            depends: None,
+            served_elsewhere: BTreeSet::new(),
+            upstream: None,
+            copy_limit: usize::MAX,
+        }
+    }
+
+    fn prod() -> serde_json::Value {
+        json!({"targets": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}],
+               "resources": [{"apiVersion": "v1", "kind": "ConfigMap",
+                              "metadata": {"name": "cm"}, "data": {"a": "b"}}]})
+    }
+
+    #[test]
+    fn depends_on_holds_the_clusters_where_a_dependency_is_not_ready() {
+        let mut s = seen(prod(), &["east", "west"]);
+        let east = names::cluster_namespace("ws", "east");
+        let west = names::cluster_namespace("ws", "west");
+        let resolution = Resolution::Resolved(vec![(
+            serde_json::from_value(json!({"name": "db"})).unwrap(),
+            vec!["db".to_string()],
+        )]);
+        let states = HashMap::from([
+            (("db".to_string(), east.clone()), BundleState::Ready),
+            (("db".to_string(), west.clone()), BundleState::NotReady),
+        ]);
+        s.depends = Some((resolution, states));
+        let gated = gated(&s).unwrap();
+        let spec_of = |ns: &str| {
+            gated
+                .plan
+                .deployments
+                .iter()
+                .find(|d| d.namespace == ns)
+                .map(|d| d.spec.is_some())
+        };
+        assert_eq!(spec_of(&east), Some(true), "its dependency is ready there");
+        assert_eq!(spec_of(&west), Some(false), "held: nothing written there");
+        assert_eq!(
+            gated.depends.held,
+            vec![("west".to_string(), "db: NotReady".to_string())]
+        );
+    }
+
+    #[test]
+    fn nothing_is_held_without_depends_on_or_under_the_copy_limit() {
+        let gated = gated(&seen(prod(), &["east"])).unwrap();
+        assert!(gated.depends == depends::Gate::default() && gated.copy_limit.is_none());
+        assert!(gated.plan.deployments.iter().all(|d| d.spec.is_some()));
+    }
+
+    #[test]
+    fn untargeting_deletes_only_the_bundle_deployments_that_are_ours_to_delete() {
+        let mut s = seen(prod(), &["east"]);
+        // east is targeted; gone was untargeted; leaving is being deleted already; moved
+        // belongs to a Cluster another shard serves.
+        for (c, deleting) in [
+            ("east", false),
+            ("gone", false),
+            ("leaving", true),
+            ("moved", false),
+        ] {
+            let (cns, bd) = deployment(c, deleting);
+            s.existing.insert(cns, bd);
+        }
+        s.served_elsewhere
+            .insert(names::cluster_namespace("ws", "moved"));
+        let gated = gated(&s).unwrap();
+        let ops = untargeted(&s, &gated.plan);
+        let deleted: Vec<_> = ops
+            .iter()
+            .map(|op| match op {
+                Op::Delete { key, uid } => (key.namespace.clone(), uid.clone()),
+                other => panic!("a delete, not {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            deleted,
+            vec![(
+                Some(names::cluster_namespace("ws", "gone")),
+                Some("uid-gone".to_string())
+            )]
+        );
+    }
+}
