@@ -12,9 +12,9 @@ use tender_runtime::Op;
 use tender_types::{Bundle, BundleDeployment, labels, names};
 
 use super::ops::{self, CopyStep, DeploymentStep, LiveCopy, SourceObject};
-use super::plan::{self, SourceKey};
+use super::plan::{self, DesiredCopy, SourceKey};
 use super::read::Seen;
-use super::{FANOUT_CONCURRENCY, observe, rollout, waves};
+use super::{FANOUT_CONCURRENCY, observe, revisions, rollout, waves};
 use crate::Error;
 use crate::context::Ctx;
 
@@ -94,7 +94,7 @@ pub(super) async fn run(
     let mut writes = Writes::default();
     if let Some(w) = waves {
         for d in rollbacks {
-            writes.updated += waves::write_rollback(ctx, bundle, d, &w.snapshot).await?;
+            writes.updated += write_rollback(ctx, bundle, d, &w.snapshot).await?;
         }
     }
     for result in results {
@@ -202,7 +202,7 @@ async fn write_cluster(
 }
 
 /// Writes the copies of `desired` that differ from the live ones, owned by BundleDeployment
-/// `uid`; how many were written.
+/// `uid`, from the Bundle's sources; how many were written.
 async fn write_copies(
     ctx: &Ctx,
     bundle: &Bundle,
@@ -210,53 +210,103 @@ async fn write_copies(
     uid: &str,
     fetched: &Mutex<HashMap<SourceKey, SourceObject>>,
 ) -> Result<usize, Error> {
-    let ns = bundle.namespace().unwrap_or_default();
-    let name = bundle.name_any();
-    let shard = ctx.config.shard_id.as_deref();
-    let owner = ops::copy_owner(&name, uid.to_string());
-    let bd_labels = ops::owned_labels(&ns, &name, &desired.cluster, &desired.namespace, shard);
+    let to = CopyOwner::of(ctx, bundle, desired, uid);
     let mut written = 0;
-    let keys = ctx.keys();
     for copy in &desired.copies {
-        let live = observe::live_copy(ctx, copy.kind, &desired.namespace, &copy.copy_name);
-        let CopyStep::Write { replace } = ops::copy_step(copy, live.as_ref(), &owner.uid, &keys)
-        else {
-            ctx.hub.copies_skipped.inc();
-            continue;
-        };
-        let signed_at = next_signed_at(live.as_ref());
-        let live_version = live.and_then(|m| m.resource_version);
-        // Written a moment ago and the cache has not caught up: no write, and no source read.
-        let copy_key = ops::copy_key(copy.kind, &desired.namespace, &copy.copy_name);
-        let fingerprint = ops::copy_fingerprint(copy, &owner, live_version.clone());
-        if replace.is_none() && ctx.exec.memo().written(&copy_key, &fingerprint).is_some() {
-            ctx.hub.copies_skipped.inc();
-            continue;
-        }
-        let key = (copy.source_kind.clone(), copy.source.clone());
-        let Some(source) = observe::source_for_copy(ctx, &ns, &key, fetched).await? else {
-            continue;
-        };
-        if replace.is_some() {
-            tracing::info!(copy = %copy.copy_name, namespace = %desired.namespace, "copy edited by another field manager; recreating it");
-        }
-        let to = ops::CopyTarget {
-            bundle_ns: &ns,
-            cluster_ns: &desired.namespace,
-            owner: &owner,
-            labels: &bd_labels,
-            keys: &keys,
-            signed_at,
-        };
-        let op = ops::copy_op(&source, copy, &to, live_version, replace);
-        if ctx.exec.execute(op).await?.wrote {
-            ctx.hub.copies_written.inc();
-            written += 1;
-        } else {
-            ctx.hub.copies_skipped.inc();
-        }
+        written += usize::from(write_copy(ctx, &to, copy, Content::Source(fetched)).await?);
     }
     Ok(written)
+}
+
+/// Where a copy's content comes from: the Bundle's source (a release or a rotation), or the
+/// body kept with the previous revision (a rollback).
+pub(super) enum Content<'a> {
+    Source(&'a Mutex<HashMap<SourceKey, SourceObject>>),
+    Kept(serde_json::Value),
+}
+
+/// Who a cluster's copies belong to: the Bundle, the cluster namespace and the
+/// BundleDeployment owning them.
+pub(super) struct CopyOwner {
+    bundle_ns: String,
+    cluster_ns: String,
+    owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
+    labels: std::collections::BTreeMap<String, String>,
+}
+
+impl CopyOwner {
+    pub(super) fn of(
+        ctx: &Ctx,
+        bundle: &Bundle,
+        desired: &plan::DesiredDeployment,
+        uid: &str,
+    ) -> Self {
+        let ns = bundle.namespace().unwrap_or_default();
+        let name = bundle.name_any();
+        let shard = ctx.config.shard_id.as_deref();
+        Self {
+            labels: ops::owned_labels(&ns, &name, &desired.cluster, &desired.namespace, shard),
+            owner: ops::copy_owner(&name, uid.to_string()),
+            cluster_ns: desired.namespace.clone(),
+            bundle_ns: ns,
+        }
+    }
+}
+
+/// Writes one copy where the live one differs (signed anew, later than the live copy: an
+/// agent takes a rollback as it takes a rotation); whether it was written. The one path by
+/// which the hub signs and writes a copy.
+pub(super) async fn write_copy(
+    ctx: &Ctx,
+    to: &CopyOwner,
+    copy: &plan::DesiredCopy,
+    content: Content<'_>,
+) -> Result<bool, Error> {
+    let keys = ctx.keys();
+    let live = observe::live_copy(ctx, copy.kind, &to.cluster_ns, &copy.copy_name);
+    let CopyStep::Write { replace } = ops::copy_step(copy, live.as_ref(), &to.owner.uid, &keys)
+    else {
+        ctx.hub.copies_skipped.inc();
+        return Ok(false);
+    };
+    let signed_at = next_signed_at(live.as_ref());
+    let live_version = live.and_then(|m| m.resource_version);
+    let target = ops::CopyTarget {
+        bundle_ns: &to.bundle_ns,
+        cluster_ns: &to.cluster_ns,
+        owner: &to.owner,
+        labels: &to.labels,
+        keys: &keys,
+        signed_at,
+    };
+    let op = match content {
+        Content::Source(fetched) => {
+            // Written a moment ago and the cache has not caught up: no write, no source read.
+            let copy_key = ops::copy_key(copy.kind, &to.cluster_ns, &copy.copy_name);
+            let fingerprint = ops::copy_fingerprint(copy, &to.owner, live_version.clone());
+            if replace.is_none() && ctx.exec.memo().written(&copy_key, &fingerprint).is_some() {
+                ctx.hub.copies_skipped.inc();
+                return Ok(false);
+            }
+            let key = (copy.source_kind.clone(), copy.source.clone());
+            let Some(source) = observe::source_for_copy(ctx, &to.bundle_ns, &key, fetched).await?
+            else {
+                return Ok(false);
+            };
+            if replace.is_some() {
+                tracing::info!(copy = %copy.copy_name, namespace = %to.cluster_ns, "copy edited by another field manager; recreating it");
+            }
+            ops::copy_op(&source, copy, &target, live_version, replace)
+        }
+        Content::Kept(body) => ops::kept_copy_op(body, copy, &target),
+    };
+    let wrote = ctx.exec.execute(op).await?.wrote;
+    if wrote {
+        ctx.hub.copies_written.inc();
+    } else {
+        ctx.hub.copies_skipped.inc();
+    }
+    Ok(wrote)
 }
 
 /// Publishes the hub's key chain in `cluster_ns` (ConfigMap `tender-hub-keys`) before any copy
@@ -301,7 +351,7 @@ async fn publish_chain(ctx: &Ctx, cluster_ns: &str) -> Result<(), Error> {
 
 /// The `signedAt` of a copy written now: the time in milliseconds, and always after the live
 /// copy's, so an agent can refuse an older signed copy replayed (decision 0089-signed-copies).
-pub(crate) fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
+fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -310,4 +360,85 @@ pub(crate) fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
         .and_then(|m| m.annotations.as_ref()?.get(labels::HUB_SIGNATURE).cloned())
         .and_then(|s| tender_types::signing::signed_at_of(&s));
     live.map_or(now, |l| now.max(l.saturating_add(1)))
+}
+
+/// Writes `cluster`'s previous revision (copies first, then its BundleDeployment), each only
+/// where the live one differs; nothing when no previous revision was kept.
+pub(super) async fn write_rollback(
+    ctx: &Ctx,
+    bundle: &Bundle,
+    desired: &plan::DesiredDeployment,
+    snapshot: &revisions::Snapshot,
+) -> Result<usize, Error> {
+    let ns = bundle.namespace().unwrap_or_default();
+    let name = bundle.name_any();
+    let Some(spec) = revisions::previous_spec(snapshot, &desired.cluster) else {
+        return Ok(0);
+    };
+    let bd_name = tender_types::names::bundle_deployment_name(&name);
+    let Some(live) = observe::live_deployment(ctx, &desired.namespace, &bd_name) else {
+        return Ok(0);
+    };
+    let Some(uid) = live.metadata.uid.clone() else {
+        return Ok(0);
+    };
+    let shard = ctx.config.shard_id.as_deref();
+    let to = CopyOwner::of(ctx, bundle, desired, &uid);
+    let kept = revisions::previous_copies(
+        snapshot,
+        &desired.cluster,
+        &desired.namespace,
+        &to.owner,
+        &to.labels,
+    );
+    // What is signed is hashed here, from the body written, never taken from the snapshot's
+    // key: a copy that does not hash to what was kept rolls nothing back on this cluster
+    // (decision 0112-rollout-state-in-the-hubs-namespace).
+    let mut checked = Vec::new();
+    for (kind, copy_name, content_hash, body) in kept {
+        // The source this copy was made from, as the previous BundleDeployment lists it: the
+        // signature covers its identity (decision 0089-signed-copies).
+        let Some(entry) = spec
+            .options
+            .downstream_resources
+            .iter()
+            .find(|e| e.copy_name == copy_name)
+        else {
+            continue;
+        };
+        if revisions::content_hash_of(&body, entry.is_carried()).as_deref()
+            != Some(content_hash.as_str())
+        {
+            tracing::warn!(
+                cluster = %desired.cluster,
+                copy = %copy_name,
+                "a kept copy does not hash to what was kept: nothing rolled back there"
+            );
+            return Ok(0);
+        }
+        checked.push((kind, copy_name, content_hash, body, entry));
+    }
+    let mut written = 0;
+    for (kind, copy_name, content_hash, body, entry) in checked {
+        let want = DesiredCopy {
+            kind,
+            source_kind: tender_types::copy::CopyableKind {
+                api_version: entry.api_version().to_string(),
+                kind: entry.kind.clone(),
+            },
+            source: entry.name.clone(),
+            copy_name,
+            bytes: 0,
+            hash: content_hash,
+        };
+        // Through the path a release's copies take: signed anew, later than the live copy.
+        written += usize::from(write_copy(ctx, &to, &want, Content::Kept(body)).await?);
+    }
+    if let DeploymentStep::Write(op) =
+        ops::deployment_step(&ns, &name, desired, Some(&spec), Some(&live), shard)
+        && ctx.exec.execute(*op).await?.wrote
+    {
+        written += 1;
+    }
+    Ok(written)
 }

@@ -397,6 +397,24 @@ pub(crate) fn copy_key(kind: SourceKind, namespace: &str, name: &str) -> ObjectK
     }
 }
 
+/// The apply of a copy kept with a previous revision (a rollback): its kept body, signed for
+/// `to` over the content hash it was kept under — which the caller checked is what the body
+/// hashes to (decision 0112-rollout-state-in-the-hubs-namespace).
+pub(crate) fn kept_copy_op(
+    mut body: serde_json::Value,
+    copy: &DesiredCopy,
+    to: &CopyTarget<'_>,
+) -> Op {
+    body["metadata"]["annotations"][labels::HUB_SIGNATURE] =
+        serde_json::Value::String(to.signature(copy, &copy.hash));
+    Op::Apply(Apply {
+        key: copy_key(copy.kind, to.cluster_ns, &copy.copy_name),
+        body,
+        replace_if_immutable: true,
+        fingerprint: None,
+    })
+}
+
 /// Delete of one BundleDeployment (that incarnation only); the agent's finalizer then cleans
 /// up downstream and the garbage collector removes its copies.
 pub(crate) fn delete_deployment_op(bd: &BundleDeployment) -> Op {

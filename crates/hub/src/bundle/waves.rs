@@ -1,19 +1,20 @@
 //! The Bundle reconcile's one call into rollouts: read the kept state, ask the pure gate
-//! ([`super::rollout`]) which clusters are released, keep the previous revisions it needs
-//! ([`super::revisions`]) before any write, and write a rolled-back cluster's previous revision.
+//! ([`super::rollout`]) which clusters are released, and keep the previous revisions it needs
+//! ([`super::revisions`]) before any write. A rolled-back cluster's previous revision is
+//! written by the execute step, through the copy path a release takes
+//! ([`super::execute::write_rollback`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
-use tender_runtime::executor::{Apply, Op};
 use tender_types::rollout::RolloutStrategy;
 use tender_types::targeting::GroupInfo;
 use tender_types::{Bundle, BundleDeployment, labels};
 
-use super::ops::{self, CopyStep, DeploymentStep, LiveCopy};
-use super::plan::{ClusterView, DesiredCopy, Plan, SourceKey, SourceState};
+use super::ops::LiveCopy;
+use super::plan::{ClusterView, Plan, SourceKey, SourceState};
 use super::read::Seen;
 use super::revisions;
 use super::rollout::{self, ClusterRollout, Decision, Gate};
@@ -226,111 +227,4 @@ pub(crate) fn decision(waves: Option<&Waves>, cluster: &str) -> Decision {
     waves
         .and_then(|w| w.gate.decisions.get(cluster).copied())
         .unwrap_or(Decision::Release)
-}
-
-/// Writes `cluster`'s previous revision (copies first, then its BundleDeployment), each only
-/// where the live one differs; nothing when no previous revision was kept.
-pub(crate) async fn write_rollback(
-    ctx: &Ctx,
-    bundle: &Bundle,
-    desired: &super::plan::DesiredDeployment,
-    snapshot: &revisions::Snapshot,
-) -> Result<usize, Error> {
-    let ns = bundle.namespace().unwrap_or_default();
-    let name = bundle.name_any();
-    let Some(spec) = revisions::previous_spec(snapshot, &desired.cluster) else {
-        return Ok(0);
-    };
-    let bd_name = tender_types::names::bundle_deployment_name(&name);
-    let Some(live) = super::observe::live_deployment(ctx, &desired.namespace, &bd_name) else {
-        return Ok(0);
-    };
-    let Some(uid) = live.metadata.uid.clone() else {
-        return Ok(0);
-    };
-    let shard = ctx.config.shard_id.as_deref();
-    let owner = ops::copy_owner(&name, uid.clone());
-    let owned = ops::owned_labels(&ns, &name, &desired.cluster, &desired.namespace, shard);
-    let kept = revisions::previous_copies(
-        snapshot,
-        &desired.cluster,
-        &desired.namespace,
-        &owner,
-        &owned,
-    );
-    // What is signed is hashed here, from the body written, never taken from the snapshot's
-    // key: a copy that does not hash to what was kept rolls nothing back on this cluster
-    // (decision 0112-rollout-state-in-the-hubs-namespace).
-    let mut checked = Vec::new();
-    for (kind, copy_name, content_hash, body) in kept {
-        // The source this copy was made from, as the previous BundleDeployment lists it: the
-        // signature covers its identity (decision 0089-signed-copies).
-        let Some(entry) = spec
-            .options
-            .downstream_resources
-            .iter()
-            .find(|e| e.copy_name == copy_name)
-        else {
-            continue;
-        };
-        if revisions::content_hash_of(&body, entry.is_carried()).as_deref()
-            != Some(content_hash.as_str())
-        {
-            tracing::warn!(
-                cluster = %desired.cluster,
-                copy = %copy_name,
-                "a kept copy does not hash to what was kept: nothing rolled back there"
-            );
-            return Ok(0);
-        }
-        checked.push((kind, copy_name, content_hash, body, entry));
-    }
-    let mut written = 0;
-    for (kind, copy_name, content_hash, body, entry) in checked {
-        let live_copy = super::observe::live_copy(ctx, kind, &desired.namespace, &copy_name);
-        let want = DesiredCopy {
-            kind,
-            source_kind: tender_types::copy::CopyableKind {
-                api_version: entry.api_version().to_string(),
-                kind: entry.kind.clone(),
-            },
-            source: entry.name.clone(),
-            copy_name: copy_name.clone(),
-            bytes: 0,
-            hash: content_hash,
-        };
-        let keys = ctx.keys();
-        let CopyStep::Write { .. } = ops::copy_step(&want, live_copy.as_ref(), &uid, &keys) else {
-            continue;
-        };
-        // Signed anew, later than the live copy: an agent takes a rollback as it takes a
-        // rotation, and still refuses an old copy replayed by anyone else.
-        let to = ops::CopyTarget {
-            bundle_ns: &ns,
-            cluster_ns: &desired.namespace,
-            owner: &owner,
-            labels: &owned,
-            keys: &keys,
-            signed_at: super::execute::next_signed_at(live_copy.as_ref()),
-        };
-        let mut body = body;
-        body["metadata"]["annotations"][labels::HUB_SIGNATURE] =
-            serde_json::Value::String(to.signature(&want, &want.hash));
-        let op = Op::Apply(Apply {
-            key: ops::copy_key(kind, &desired.namespace, &copy_name),
-            body,
-            replace_if_immutable: true,
-            fingerprint: None,
-        });
-        if ctx.exec.execute(op).await?.wrote {
-            written += 1;
-        }
-    }
-    if let DeploymentStep::Write(op) =
-        ops::deployment_step(&ns, &name, desired, Some(&spec), Some(&live), shard)
-        && ctx.exec.execute(*op).await?.wrote
-    {
-        written += 1;
-    }
-    Ok(written)
 }
