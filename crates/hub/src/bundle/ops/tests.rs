@@ -398,3 +398,53 @@ fn another_kind_travels_in_a_carrier_secret_with_its_content_hash() {
     assert!(carried.get("status").is_none());
     assert!(carried["metadata"].get("uid").is_none());
 }
+
+#[test]
+fn a_kept_copy_is_signed_anew_for_the_hash_it_was_kept_under() {
+    let mut copy = copy_of("db");
+    copy.hash = "kept-hash".into();
+    let owner = copy_owner("app", "bd-uid".into());
+    let bd_labels = owned_labels("ws", "app", "east", "cns", None);
+    let to = CopyTarget {
+        bundle_ns: "ws",
+        cluster_ns: "cns",
+        owner: &owner,
+        labels: &bd_labels,
+        keys: &crate::signing::test_keys().0,
+        signed_at: 9,
+    };
+    let kept = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": copy.copy_name, "namespace": "cns",
+                     "annotations": {labels::HUB_SIGNATURE: "an old signature"}},
+        "data": {"password": "b2xk"},
+    });
+    let Op::Apply(apply) = kept_copy_op(kept, &copy, &to) else {
+        panic!("expected an apply")
+    };
+    assert!(
+        apply.replace_if_immutable,
+        "a kept immutable copy is recreated"
+    );
+    assert!(apply.fingerprint.is_none());
+    assert_eq!(apply.key.namespace.as_deref(), Some("cns"));
+    assert_eq!(apply.key.name, copy.copy_name);
+    assert_eq!(apply.body["data"]["password"], "b2xk", "the kept content");
+    let trusted = tender_types::signing::TrustedKeys::parse(&to.keys.public_keys).unwrap();
+    let claim = tender_types::signing::CopyClaim {
+        cluster_namespace: "cns",
+        bundle_deployment: "app",
+        api_version: "v1",
+        kind: "Secret",
+        name: "db",
+        copy_name: &copy.copy_name,
+        content_hash: "kept-hash",
+        signed_at: 0,
+    };
+    let signature = apply.body["metadata"]["annotations"][labels::HUB_SIGNATURE].as_str();
+    assert_eq!(
+        trusted.verify(&claim, signature),
+        Ok(9),
+        "signed anew, later"
+    );
+}
