@@ -114,6 +114,7 @@ pub(crate) async fn run(
             ctx.config.policy.clone(),
             ctx.config.agent_namespace.clone(),
         ),
+        (ctx.config.upstream_coalesce, ctx.config.upstream_retry),
         ctx.metrics.shared(),
         ctx.copies.stores(),
         store.clone(),
