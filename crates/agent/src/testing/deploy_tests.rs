@@ -122,7 +122,7 @@ async fn a_first_deploy_copies_the_secret_then_applies_and_reports() {
         assert!(
             !body.contains("czNjcmV0") && !body.contains("s3cret"),
             "{}",
-            r.line()
+            r
         );
     }
 }

@@ -39,7 +39,8 @@ use crate::context::Context;
 use crate::plan::Owner;
 use crate::{AgentMetrics, copies, namespaces};
 
-use fake::{Fake, Recorded};
+use fake::Fake;
+use tender_runtime::fake::Recorded;
 
 /// The workspace and Cluster of the agent under test.
 pub(crate) const WORKSPACE: &str = "ws";
@@ -269,7 +270,7 @@ impl Drop for Agent {
 
 /// The writes of `requests` as `METHOD path` lines, without the reads.
 pub(crate) fn lines(requests: &[Recorded]) -> Vec<String> {
-    requests.iter().map(Recorded::line).collect()
+    requests.iter().map(Recorded::to_string).collect()
 }
 
 /// The writes of `requests` to objects under `path` (a collection or an object).
