@@ -40,7 +40,9 @@ async fn deployed(keep: bool) -> Agent {
         .down
         .put(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TARGET}}));
     for name in ["shared", "bystander"] {
-        agent.down.put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        agent
+            .down
+            .put(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": name, "namespace": TARGET}, "data": {"theirs": "yes"}}));
     }
     agent.put_copy("app", "db-creds", COPY, &[("password", "s3cret")]);
@@ -54,7 +56,10 @@ async fn deployed(keep: bool) -> Agent {
             agent.owner("app")
         );
     }
-    assert_eq!(get(&agent, "ConfigMap", "shared").unwrap()["data"]["theirs"], "yes");
+    assert_eq!(
+        get(&agent, "ConfigMap", "shared").unwrap()["data"]["theirs"],
+        "yes"
+    );
     agent
 }
 
@@ -96,7 +101,8 @@ async fn removal_with_keep_resources_deletes_nothing_but_the_inventory() {
         .collect();
     assert_eq!(deletes.len(), 1, "{deletes:?}");
     assert!(
-        deletes[0].starts_with("DELETE /api/v1/namespaces/tender-system/configmaps/tender-inventory-"),
+        deletes[0]
+            .starts_with("DELETE /api/v1/namespaces/tender-system/configmaps/tender-inventory-"),
         "{deletes:?}"
     );
     // Left in place, without tender's metadata (nothing would ever clean them up).
@@ -109,7 +115,10 @@ async fn removal_with_keep_resources_deletes_nothing_but_the_inventory() {
             "{left}"
         );
     }
-    assert_eq!(get(&agent, "Secret", "db-creds").unwrap()["data"]["password"], "czNjcmV0");
+    assert_eq!(
+        get(&agent, "Secret", "db-creds").unwrap()["data"]["password"],
+        "czNjcmV0"
+    );
     // Theirs untouched.
     let touched: Vec<String> = lines(&writes)
         .into_iter()
@@ -134,7 +143,10 @@ async fn removal_deletes_tenders_objects_and_nothing_of_anyone_else() {
     assert_eq!(deletes.len(), 3, "{deletes:#?}");
     assert!(deletes[0].starts_with("DELETE /api/v1/namespaces/app/configmaps/app-settings"));
     assert!(deletes[1].starts_with("DELETE /api/v1/namespaces/app/secrets/db-creds"));
-    assert!(deletes[2].starts_with("DELETE /api/v1/namespaces/tender-system/configmaps/tender-inventory-"));
+    assert!(
+        deletes[2]
+            .starts_with("DELETE /api/v1/namespaces/tender-system/configmaps/tender-inventory-")
+    );
     assert!(get(&agent, "Secret", "db-creds").is_none());
     assert!(get(&agent, "ConfigMap", "app-settings").is_none());
     // Somebody else's objects, the one the Bundle also listed included, byte for byte as
@@ -143,7 +155,9 @@ async fn removal_deletes_tenders_objects_and_nothing_of_anyone_else() {
     assert_eq!(get(&agent, "ConfigMap", "bystander"), Some(bystander));
     assert!(agent.down.get("v1", "Namespace", None, TARGET).is_some());
     assert!(
-        writes.iter().all(|r| !r.path.ends_with("/shared") && !r.path.ends_with("/bystander")),
+        writes
+            .iter()
+            .all(|r| !r.path.ends_with("/shared") && !r.path.ends_with("/bystander")),
         "{:?}",
         lines(&writes)
     );
