@@ -216,6 +216,11 @@ async fn an_object_whose_owner_let_go_is_adopted_at_the_recheck() {
         ObjectState::Conflict,
         "another deployment's: never adopted"
     );
+    // Not even with takeOwnership, across two re-checks.
+    let mark = agent.down.mark();
+    agent.run_for(recheck * 2 + Duration::from_secs(1)).await;
+    assert_eq!(lines(&agent.down.writes_since(mark)), Vec::<String>::new());
+    assert_eq!(secret(&agent, "db-creds"), Some(original.clone()));
 
     // Its owner goes with keepResources: tender's metadata stripped, the object left.
     let mut left = original.clone();
@@ -389,4 +394,99 @@ async fn a_failed_hook_halts_the_deploy() {
             .applied_deployment_id
             .is_none()
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn takeownership_never_adopts_tenders_own_install_and_does_not_retry_the_refusal() {
+    let mut agent = Agent::new(|_| {}).await;
+    agent
+        .down
+        .put(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TARGET}}));
+    let install = agent
+        .down
+        .put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "tender-agent-settings", "namespace": TARGET,
+                     "labels": {labels::APP_NAME: labels::AGENT_APP_NAME}},
+        "data": {"role": "agent"}}));
+    agent.put_bd(
+        "app",
+        json!({
+            "deploymentID": "d1",
+            "options": {"defaultNamespace": TARGET, "takeOwnership": true},
+            "resources": [
+                {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "tender-agent-settings", "namespace": TARGET},
+                 "data": {"role": "stolen"}},
+                {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": "plain", "namespace": TARGET}, "data": {"a": "b"}},
+            ],
+        }),
+    );
+    agent.start();
+    agent.run_for(Duration::from_secs(1)).await;
+    let refused = reported(&agent, "app", "tender-agent-settings").expect("reported");
+    assert_eq!(refused.state, ObjectState::Error);
+    assert!(
+        refused
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with(reason::REFUSED_BY_POLICY),
+        "{refused:?}"
+    );
+    assert_eq!(
+        reported(&agent, "app", "plain").unwrap().state,
+        ObjectState::Ready
+    );
+
+    // A refusal waits for a change, not a timer: across three re-checks nothing is asked
+    // again or written, and tender's own object is as it was.
+    let mark = agent.down.mark();
+    agent.run_for(agent.ctx.config.conflict_recheck * 3).await;
+    let since: Vec<String> = agent
+        .down
+        .requests()
+        .iter()
+        .skip(mark)
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        !since.iter().any(|r| r.ends_with("/tender-agent-settings")),
+        "{since:?}"
+    );
+    assert_eq!(lines(&agent.down.writes_since(mark)), Vec::<String>::new());
+    assert_eq!(config_map(&agent, "tender-agent-settings"), Some(install));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_chart_object_somebody_else_has_is_a_conflict_left_alone_across_rechecks() {
+    let mut agent = Agent::new(|_| {}).await;
+    let recheck = agent.ctx.config.conflict_recheck;
+    agent
+        .down
+        .put(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": TARGET}}));
+    let theirs = agent
+        .down
+        .put(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "web-settings", "namespace": TARGET},
+        "data": {"owner": "someone-else"}}));
+    agent.ctx.charts.prerender("web", Ok(chart("hi", false)));
+    agent.put_bd("app", chart_spec("1.0.0"));
+    agent.start();
+    agent.run_for(Duration::from_secs(1)).await;
+    let conflict = reported(&agent, "app", "web-settings").expect("reported");
+    assert_eq!(conflict.state, ObjectState::Conflict, "{conflict:?}");
+
+    let mark = agent.down.mark();
+    agent.run_for(recheck * 2 + Duration::from_secs(1)).await;
+    let looks = agent
+        .down
+        .requests()
+        .iter()
+        .skip(mark)
+        .filter(|r| r.path == format!("{CONFIG_MAPS}/web-settings"))
+        .count();
+    assert_eq!(looks, 2, "one look per re-check");
+    assert_eq!(lines(&agent.down.writes_since(mark)), Vec::<String>::new());
+    assert_eq!(config_map(&agent, "web-settings"), Some(theirs));
 }
