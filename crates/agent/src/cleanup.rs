@@ -223,9 +223,9 @@ async fn removal_hooks(
     };
     report::report(ctx, bd, &outcome).await?;
     Ok(Some(if failed {
-        Action::requeue(std::time::Duration::from_secs(30))
+        Action::requeue(ctx.config.removal_hook_retry)
     } else {
-        Action::requeue(std::time::Duration::from_secs(5))
+        Action::requeue(ctx.config.hook_poll)
     }))
 }
 

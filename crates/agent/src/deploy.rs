@@ -3,7 +3,6 @@
 //! inventory, run the phases ([`execute`]), prune once everything is in place, and report.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -14,13 +13,6 @@ use crate::execute::{Executed, Run};
 use crate::plan::{self, Mode, Owner, Phase};
 use crate::status::Outcome;
 use crate::{Result, cleanup, observe, policy, report};
-
-/// The hub's copy is behind the BundleDeployment; its watch normally triggers us first.
-/// (Objects somebody else owns are re-checked every `AgentConfig::conflict_recheck`: their
-/// deletion does not reach our label-filtered watches.)
-const COPY_WAIT: Duration = Duration::from_secs(2);
-/// A running hook's Job or Pod wakes the deployment when it changes; this is the fallback.
-const HOOK_POLL: Duration = Duration::from_secs(5);
 
 /// Observe → plan → execute → report for `bd`; the action says when to look again.
 pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
@@ -161,9 +153,11 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         run.delete_succeeded_hooks(&plan).await;
     }
     Ok(if hook_running {
-        Action::requeue(HOOK_POLL)
+        // A running hook's Job or Pod wakes the deployment when it changes; this is the
+        // fallback.
+        Action::requeue(ctx.config.hook_poll)
     } else {
-        next_look(&outcome, ctx.config.conflict_recheck)
+        next_look(&outcome, &ctx.config)
     })
 }
 
@@ -246,9 +240,11 @@ async fn effective(
     (bd, verified)
 }
 
-/// When to reconcile again: on change only, unless a copy is still missing on the hub (soon)
-/// or an object is blocked by a conflict or an error (every `recheck`).
-fn next_look(outcome: &Outcome, recheck: Duration) -> Action {
+/// When to reconcile again: on change only, unless a copy is still missing on the hub
+/// (`copy_wait`: its watch normally triggers us first) or an object is blocked by a conflict
+/// or an error (every `conflict_recheck`: the deletion of an object somebody else owns does
+/// not reach our label-filtered watches).
+fn next_look(outcome: &Outcome, config: &crate::config::AgentConfig) -> Action {
     let blocked = outcome.copies.iter().chain(&outcome.manifests).any(|s| {
         matches!(
             s.state,
@@ -262,8 +258,8 @@ fn next_look(outcome: &Outcome, recheck: Duration) -> Action {
         .iter()
         .any(|s| s.state == ObjectState::Missing)
     {
-        Action::requeue(COPY_WAIT)
+        Action::requeue(config.copy_wait)
     } else {
-        Action::requeue(recheck)
+        Action::requeue(config.conflict_recheck)
     }
 }

@@ -70,6 +70,8 @@ mod report;
 mod run;
 pub mod status;
 mod sync;
+#[cfg(test)]
+mod testing;
 mod upstream;
 
 pub use config::{

@@ -213,7 +213,8 @@ impl<F: std::future::Future<Output = Result<(), E>>, E> ReadyNow for F {
     }
 }
 
-/// Runs the agent's reverse sync until `shutdown`.
+/// Runs the agent's reverse sync until `shutdown`: a burst of events within `coalesce` is one
+/// pass; a failed pass is tried again after `retry`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     hub: Client,
@@ -221,6 +222,7 @@ pub(crate) async fn run(
     cluster_ns: String,
     identity: String,
     (policy, agent_namespace): (Policy, String),
+    (coalesce, retry): (Duration, Duration),
     metrics: Arc<Metrics>,
     placeholders: (Store<Secret>, Store<ConfigMap>),
     bds: Store<BundleDeployment>,
@@ -251,7 +253,7 @@ pub(crate) async fn run(
             () = &mut shutdown => break,
         }
         // Coalesce a burst of events into one pass.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(coalesce).await;
         while pings.try_recv().is_ok() {}
         let failed = pass(
             &exec,
@@ -267,7 +269,7 @@ pub(crate) async fn run(
         if failed {
             let ping = ping.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                tokio::time::sleep(retry).await;
                 let _ = ping.unbounded_send(());
             });
         }

@@ -100,6 +100,10 @@ pub(crate) struct Charts {
     limits: ChartLimits,
     schemas_checked: Mutex<HashSet<PathBuf>>,
     renders: Mutex<HashMap<String, (String, RenderedChart)>>,
+    /// In-process tests: what a chart (by name) renders to, instead of fetching it and
+    /// running helm.
+    #[cfg(test)]
+    prerendered: Mutex<HashMap<String, Result<RenderedChart, ChartFailure>>>,
 }
 
 impl Charts {
@@ -117,6 +121,8 @@ impl Charts {
             limits,
             schemas_checked: Mutex::new(HashSet::new()),
             renders: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            prerendered: Mutex::new(HashMap::new()),
         }
     }
 
@@ -183,6 +189,15 @@ impl Charts {
         copies: &[Planned],
         reads: Reads<'_>,
     ) -> Result<RenderedChart, ChartFailure> {
+        #[cfg(test)]
+        if let Some(rendered) = self
+            .prerendered
+            .lock()
+            .expect("prerendered")
+            .get(&helm.chart)
+        {
+            return rendered.clone();
+        }
         let timeout = helm
             .timeout_seconds
             .map(|s| Duration::from_secs(u64::from(s)))
@@ -290,6 +305,15 @@ impl Charts {
             .expect("render memo")
             .insert(bd.to_string(), (memo_key, objects.clone()));
         Ok(objects)
+    }
+
+    /// In-process tests: chart `chart` renders to `rendered` (or fails so) from now on.
+    #[cfg(test)]
+    pub(crate) fn prerender(&self, chart: &str, rendered: Result<RenderedChart, ChartFailure>) {
+        self.prerendered
+            .lock()
+            .expect("prerendered")
+            .insert(chart.to_string(), rendered);
     }
 
     /// Forgets the render of a deleted BundleDeployment.
