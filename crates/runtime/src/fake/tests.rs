@@ -408,3 +408,90 @@ fn paths_and_queries_parse() {
         &json!({"metadata": {"labels": {"c": ""}}})
     ));
 }
+
+#[tokio::test]
+async fn kube_finalizer_helper_adds_and_removes_its_finalizer() {
+    use kube::runtime::controller::Action;
+    use kube::runtime::finalizer::{Event, finalizer};
+    let fake = FakeApiserver::new();
+    let cm = ApiResource::erase::<ConfigMap>(&());
+    fake.insert(&cm, config_map("c1", "cfg", &[]));
+    let api: Api<ConfigMap> = Api::namespaced(fake.client(), "c1");
+    let run = |obj: ConfigMap| {
+        let api = api.clone();
+        async move {
+            finalizer(&api, "tender.dev/test", Arc::new(obj), |event| async move {
+                Ok::<_, std::convert::Infallible>(match event {
+                    Event::Apply(_) => Action::await_change(),
+                    Event::Cleanup(_) => Action::await_change(),
+                })
+            })
+            .await
+            .expect("finalizer step")
+        }
+    };
+    run(api.get("cfg").await.expect("get")).await;
+    let held = api.get("cfg").await.expect("get");
+    assert_eq!(
+        held.metadata.finalizers,
+        Some(vec!["tender.dev/test".to_string()])
+    );
+    // Held: the Apply runs, nothing is written.
+    run(held.clone()).await;
+    api.delete("cfg", &DeleteParams::default())
+        .await
+        .expect("delete");
+    run(api.get("cfg").await.expect("being deleted")).await;
+    assert!(
+        api.get_opt("cfg").await.expect("get").is_none(),
+        "gone with its finalizer"
+    );
+    let types: Vec<_> = fake
+        .writes()
+        .iter()
+        .filter(|r| r.method == Method::PATCH)
+        .filter_map(|r| r.content_type.clone())
+        .collect();
+    assert_eq!(types.len(), 2, "added once, removed once: {types:?}");
+    assert!(
+        types
+            .iter()
+            .all(|t| t.starts_with("application/json-patch")),
+        "{types:?}"
+    );
+
+    // A failed test operation answers 422.
+    fake.insert(&cm, config_map("c1", "cfg", &[]));
+    let stale =
+        json!([{"op": "test", "path": "/data/a", "value": "x"}, {"op": "remove", "path": "/data"}]);
+    let err = api
+        .patch(
+            "cfg",
+            &PatchParams::default(),
+            &Patch::Json::<()>(serde_json::from_value(stale).expect("patch")),
+        )
+        .await
+        .expect_err("test fails");
+    assert!(matches!(err, kube::Error::Api(s) if s.code == 422));
+}
+
+#[test]
+fn json_patches_add_replace_and_remove() {
+    let mut v = json!({"metadata": {"finalizers": ["a"]}, "data": {"k/x": "1"}});
+    json::json_patch(
+        &mut v,
+        &json!([
+            {"op": "add", "path": "/metadata/finalizers/-", "value": "b"},
+            {"op": "add", "path": "/metadata/finalizers/0", "value": "z"},
+            {"op": "replace", "path": "/data/k~1x", "value": "2"},
+            {"op": "remove", "path": "/metadata/finalizers/1"},
+            {"op": "test", "path": "/missing", "value": null},
+        ]),
+    )
+    .expect("patch");
+    assert_eq!(
+        v,
+        json!({"metadata": {"finalizers": ["z", "b"]}, "data": {"k/x": "2"}})
+    );
+    assert!(json::json_patch(&mut v, &json!([{"op": "remove", "path": "/nope"}])).is_err());
+}
