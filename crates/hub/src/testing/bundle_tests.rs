@@ -332,3 +332,101 @@ async fn a_namespace_the_hub_did_not_create_is_never_written_into() {
     hub.reconcile_bundle("app").await;
     assert_eq!(hub.take_writes(), [format!("status bundles {WS}/app")]);
 }
+
+/// Clusters `one` (wave 1) and `two` (wave 2) at revision v1 of Secret `db`, both ready, under
+/// Bundle `app` rolling out in two waves (60 s soak, 300 s deadline, rollback on failure).
+async fn rolled_out_in_waves() -> TestHub {
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod"), ("wave", "1")]);
+    hub.cluster("two", &[("env", "prod"), ("wave", "2")]);
+    hub.secret("db", &[("password", "v1")]);
+    let mut spec = copying_spec();
+    spec["rolloutStrategy"] = json!({
+        "partitions": [
+            {"name": "canary", "clusterSelector": {"matchLabels": {"wave": "1"}}},
+            {"name": "rest", "clusterSelector": {"matchLabels": {"wave": "2"}}},
+        ],
+        "progressDeadlineSeconds": 300,
+        "soakSeconds": 60,
+        "onFailure": "Rollback",
+    });
+    hub.bundle("app", spec);
+    hub.reconcile_bundle("app").await;
+    hub.report("one", "app", true);
+    hub.report("two", "app", true);
+    hub.reconcile_bundle("app").await;
+    hub.take_writes();
+    hub
+}
+
+/// The copy and BundleDeployment writes among `writes` (no status, no rollout state).
+fn cluster_writes(writes: &[String]) -> Vec<String> {
+    sorted(
+        writes
+            .iter()
+            .filter(|w| w.contains(" bundledeployments ") || w.contains(&format!("/{COPY}")))
+            .cloned()
+            .collect(),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wave_is_held_until_the_one_before_is_ready_and_has_soaked() {
+    let hub = rolled_out_in_waves().await;
+    hub.secret("db", &[("password", "v2")]);
+    hub.take_writes();
+
+    // The rotation reaches the first wave only.
+    hub.reconcile_bundle("app").await;
+    assert_eq!(cluster_writes(&hub.take_writes()), [copy_write("one")]);
+    assert_eq!(copied_password(&hub, "two").as_deref(), Some("v1"));
+
+    // Wave 1 ready: it soaks 60 s before wave 2 is released.
+    hub.report("one", "app", true);
+    hub.reconcile_bundle("app").await;
+    assert_eq!(cluster_writes(&hub.take_writes()), Vec::<String>::new());
+    tokio::time::advance(Duration::from_secs(59)).await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(
+        cluster_writes(&hub.take_writes()),
+        Vec::<String>::new(),
+        "still soaking"
+    );
+    tokio::time::advance(Duration::from_secs(2)).await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(cluster_writes(&hub.take_writes()), [copy_write("two")]);
+    assert_eq!(copied_password(&hub, "two").as_deref(), Some("v2"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wave_not_ready_by_its_deadline_is_rolled_back() {
+    let hub = rolled_out_in_waves().await;
+    hub.secret("db", &[("password", "bad")]);
+    hub.reconcile_bundle("app").await;
+    assert_eq!(copied_password(&hub, "one").as_deref(), Some("bad"));
+    hub.take_writes();
+
+    // Never ready at the new revision: within the deadline nothing happens ...
+    tokio::time::advance(Duration::from_secs(299)).await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(cluster_writes(&hub.take_writes()), Vec::<String>::new());
+    // ... past it, wave 1 gets its previous copy back and wave 2 never saw the bad one.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    hub.reconcile_bundle("app").await;
+    let writes = cluster_writes(&hub.take_writes());
+    assert!(writes.contains(&copy_write("one")), "{writes:#?}");
+    assert!(
+        !writes.iter().any(|w| w.contains(&cns("two"))),
+        "{writes:#?}"
+    );
+    assert_eq!(copied_password(&hub, "one").as_deref(), Some("v1"));
+    assert_eq!(copied_password(&hub, "two").as_deref(), Some("v1"));
+    let (status, _) = condition(&hub, "app", conditions::TYPE_ROLLOUT_HALTED).expect("halted");
+    assert_eq!(status, "True");
+
+    // Rolled back once: later reconciles leave it there.
+    hub.reconcile_bundle("app").await;
+    tokio::time::advance(Duration::from_secs(600)).await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(cluster_writes(&hub.take_writes()), Vec::<String>::new());
+}

@@ -334,7 +334,8 @@ impl TestHub {
         self.sync();
     }
 
-    fn put<K: Resource<DynamicType = ()> + DeserializeOwned>(&self, object: Value) -> K {
+    /// Stores `object` as it is (no sync).
+    pub(crate) fn put<K: Resource<DynamicType = ()> + DeserializeOwned>(&self, object: Value) -> K {
         let stored = self.fake.insert(&ApiResource::erase::<K>(&()), object);
         serde_json::from_value(stored).expect("a stored object of its type")
     }
@@ -448,7 +449,12 @@ pub(crate) fn describe(r: &Recorded) -> String {
         (other, _) => other,
     };
     let resource = rest.first().copied().unwrap_or_default();
-    let name = rest.get(1).copied().unwrap_or_default();
+    // A create names its object in the body.
+    let name = rest
+        .get(1)
+        .copied()
+        .or_else(|| r.body["metadata"]["name"].as_str())
+        .unwrap_or_default();
     match ns {
         Some(ns) => format!("{verb} {resource} {ns}/{name}"),
         None => format!("{verb} {resource} {name}"),
@@ -507,3 +513,6 @@ where
 
 #[cfg(test)]
 mod bundle_tests;
+
+#[cfg(test)]
+mod cluster_tests;
