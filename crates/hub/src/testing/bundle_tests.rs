@@ -430,3 +430,72 @@ async fn a_wave_not_ready_by_its_deadline_is_rolled_back() {
     hub.reconcile_bundle("app").await;
     assert_eq!(cluster_writes(&hub.take_writes()), Vec::<String>::new());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deployment_too_large_for_one_cluster_is_reported_and_the_others_written() {
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    hub.cluster("two", &[("env", "prod")]);
+    hub.secret("db", &[("password", "v1")]);
+    let path = format!(
+        "/apis/{}/namespaces/{}/bundledeployments/app",
+        tender_types::API_GROUP_VERSION,
+        cns("two")
+    );
+    hub.fake.fail(Some(http::Method::PATCH), &path, 413);
+    hub.bundle("app", copying_spec());
+    hub.take_writes();
+
+    hub.reconcile_bundle("app").await;
+    let writes = sorted(hub.take_writes());
+    assert_eq!(
+        writes,
+        strings(&[
+            bd_write("one"),
+            bd_write("two"),
+            copy_write("one"),
+            format!("status bundles {WS}/app"),
+        ]),
+        "the refused BundleDeployment was tried once, and no copy follows it"
+    );
+    let (status, why) = condition(&hub, "app", TYPE_READY).expect("condition");
+    assert_eq!(
+        (status.as_str(), why.as_str()),
+        ("False", reason::TOO_LARGE)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_deleted_downstream_of_the_hub_is_written_again_alone() {
+    let hub = fanned_out().await;
+    assert!(
+        hub.fake
+            .remove(&ApiResource::erase::<Secret>(&()), Some(&cns("two")), COPY)
+    );
+    hub.sync();
+
+    hub.reconcile_bundle("app").await;
+    assert_eq!(hub.take_writes(), [copy_write("two")]);
+    assert_eq!(copied_password(&hub, "two").as_deref(), Some("v1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deleted_bundle_deletes_its_deployments_then_lets_go() {
+    let hub = fanned_out().await;
+    hub.edit::<Bundle>(Some(WS), "app", |b| {
+        b["metadata"]["deletionTimestamp"] = START.into();
+    });
+
+    hub.reconcile_bundle("app").await;
+    let writes = hub.take_writes();
+    assert_eq!(
+        sorted(writes[..2].to_vec()),
+        strings(&[
+            format!("delete bundledeployments {}/app", cns("one")),
+            format!("delete bundledeployments {}/app", cns("two")),
+        ])
+    );
+    // Then its cleanup finalizer goes, and with it the Bundle.
+    assert_eq!(writes[2..], [format!("patch bundles {WS}/app")]);
+    assert!(hub.get::<Bundle>(Some(WS), "app").is_none());
+}
