@@ -1,8 +1,6 @@
 //! Where the hub reads the time: one clock per scope, in [`crate::context::Ctx`], so the
 //! reconcilers run on virtual time in tests (decision 0116-hub-clock-and-fake-apiserver).
 
-use std::time::Duration;
-
 use k8s_openapi::jiff::Timestamp;
 
 /// The hub's clock: the system clock in production; in tests a fixed wall time that moves
@@ -48,11 +46,5 @@ impl Clock {
     /// A monotonic instant: tokio's, which is the system's unless a test paused it.
     pub(crate) fn instant(&self) -> std::time::Instant {
         tokio::time::Instant::now().into_std()
-    }
-
-    /// How long since `earlier` ([`Clock::instant`]).
-    #[allow(dead_code)]
-    pub(crate) fn since(&self, earlier: std::time::Instant) -> Duration {
-        self.instant().saturating_duration_since(earlier)
     }
 }
