@@ -376,9 +376,22 @@ async fn a_wave_is_held_until_the_one_before_is_ready_and_has_soaked() {
     hub.secret("db", &[("password", "v2")]);
     hub.take_writes();
 
-    // The rotation reaches the first wave only.
+    // The rotation reaches the first wave only; the rollout's state is kept in the hub's own
+    // namespace, never the workspace (decision 0112).
     hub.reconcile_bundle("app").await;
-    assert_eq!(cluster_writes(&hub.take_writes()), [copy_write("one")]);
+    let writes = hub.take_writes();
+    assert_eq!(cluster_writes(&writes), [copy_write("one")]);
+    let own = format!(
+        "apply secrets {}/tender-rollout-",
+        hub.ctx.config.own_namespace()
+    );
+    assert!(writes.iter().any(|w| w.starts_with(&own)), "{writes:#?}");
+    assert!(
+        !writes
+            .iter()
+            .any(|w| w.contains(&format!(" {WS}/")) && !w.starts_with("status ")),
+        "{writes:#?}"
+    );
     assert_eq!(copied_password(&hub, "two").as_deref(), Some("v1"));
 
     // Wave 1 ready: it soaks 60 s before wave 2 is released.
