@@ -18,6 +18,7 @@
 
 pub mod bundle;
 mod caches;
+mod clock;
 pub mod cluster;
 mod context;
 pub mod group;
@@ -28,6 +29,8 @@ pub mod signing;
 mod slim;
 pub mod sources;
 mod summary;
+#[cfg(test)]
+mod testing;
 mod triggers;
 pub mod upstream;
 mod watch;

@@ -24,7 +24,6 @@ use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::Event as Finalizer;
@@ -363,13 +362,9 @@ async fn write_status(
     facts.matched = usize::try_from(folded.summary.desired_ready).unwrap_or_default();
     facts.summary = folded.summary;
     own_lines.extend(folded.upstream);
-    let mut new = bundle_status(
-        old,
-        &facts,
-        bundle.metadata.generation,
-        Time(Timestamp::now()),
-    );
-    crate::upstream::set_status(&mut new, own_lines, bundle.metadata.generation);
+    let now = Time(ctx.clock.now());
+    let mut new = bundle_status(old, &facts, bundle.metadata.generation, now.clone());
+    crate::upstream::set_status(&mut new, own_lines, bundle.metadata.generation, now);
     // The shard entries are never ours to write: left out of the apply (and the comparison),
     // server-side apply keeps them as their replicas wrote them.
     new.shards.clear();
@@ -558,7 +553,7 @@ async fn write_copies(
             ctx.hub.copies_skipped.inc();
             continue;
         };
-        let signed_at = next_signed_at(live.as_ref());
+        let signed_at = next_signed_at(ctx.clock.unix_millis(), live.as_ref());
         let live_version = live.and_then(|m| m.resource_version);
         // Written a moment ago and the cache has not caught up: no write, and no source read.
         let copy_key = ops::copy_key(copy.kind, &desired.namespace, &copy.copy_name);
@@ -633,13 +628,10 @@ async fn publish_chain(ctx: &Ctx, cluster_ns: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// The `signedAt` of a copy written now: the time in milliseconds, and always after the live
-/// copy's, so an agent can refuse an older signed copy replayed (decision 0089-signed-copies).
-pub(crate) fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or_default();
+/// The `signedAt` of a copy written at `now` (milliseconds since the epoch, from the hub's
+/// clock), always after the live copy's, so an agent can refuse an older signed copy replayed
+/// (decision 0089-signed-copies).
+pub(crate) fn next_signed_at(now: u64, live: Option<&kube::api::ObjectMeta>) -> u64 {
     let live = live
         .and_then(|m| m.annotations.as_ref()?.get(labels::HUB_SIGNATURE).cloned())
         .and_then(|s| tender_types::signing::signed_at_of(&s));

@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use tender_runtime::executor::{Apply, Op};
 use tender_types::rollout::RolloutStrategy;
@@ -124,7 +123,7 @@ pub(crate) async fn gate(
         previous: kept.state.as_ref(),
         resume,
         rollback_possible: !snapshot.overflow,
-        now: Timestamp::now().as_millisecond(),
+        now: ctx.clock.now().as_millisecond(),
     };
     let gate = match rollout::gate(&inputs, &clusters, input.groups) {
         Ok(gate) => gate,
@@ -265,7 +264,7 @@ pub(crate) async fn write_rollback(
             owner: &owner,
             labels: &owned,
             keys: &keys,
-            signed_at: super::next_signed_at(live_copy.as_ref()),
+            signed_at: super::next_signed_at(ctx.clock.unix_millis(), live_copy.as_ref()),
         };
         let mut body = body;
         body["metadata"]["annotations"][labels::HUB_SIGNATURE] =

@@ -12,7 +12,6 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -49,7 +48,7 @@ pub(crate) async fn reconcile(
         controller: Some(true),
         block_owner_deletion: None,
     };
-    let now = Time(Timestamp::now());
+    let now = Time(ctx.clock.now());
     let mut lines = Vec::new();
     let mut wanted_published: BTreeSet<(SourceKind, String)> = BTreeSet::new();
     for (cluster, cns) in clusters {
@@ -168,6 +167,7 @@ pub(crate) fn set_status(
     status: &mut BundleStatus,
     lines: Vec<UpstreamPublication>,
     generation: Option<i64>,
+    now: Time,
 ) {
     if lines.is_empty() {
         status
@@ -182,7 +182,7 @@ pub(crate) fn set_status(
             reason,
             &message,
             generation,
-            Time(Timestamp::now()),
+            now,
         );
     }
     status.upstream = lines;
