@@ -178,11 +178,6 @@ async fn removal_hooks(
             correct_drift: false,
             take_ownership: false,
         },
-        chart_mode: plan::Mode {
-            pending: true,
-            correct_drift: false,
-            take_ownership: false,
-        },
         run: &bd.spec.deployment_id,
         hook_timeout: observe::hook_timeout(bd),
         failed_hooks: &plan::failed_hooks(bd.status.as_ref(), &bd.spec.deployment_id),
@@ -198,8 +193,14 @@ async fn removal_hooks(
         namespaces: Vec::new(),
         phases: vec![phase],
         prune: Vec::new(),
+        record_write: None,
+        final_write: None,
+        keep: bd.spec.options.keep_resources,
     };
     let executed = run.execute(&hooks).await;
+    for resource in &executed.watch {
+        ctx.drift.ensure(resource);
+    }
     let statuses: Vec<ObjectStatus> = executed.phases.into_iter().flat_map(|(_, s)| s).collect();
     if statuses
         .iter()

@@ -66,6 +66,7 @@ mod observe;
 pub mod plan;
 pub mod policy;
 mod reconcile;
+mod rendering;
 mod report;
 mod run;
 pub mod status;

@@ -62,7 +62,7 @@ fn observed(pending: bool, upgrade: bool) -> Observed {
         run: "d2".into(),
         owner: owner(),
         options: opts(Some("apps")),
-        copies: vec![Ok(db_copy(&hub_secret()))],
+        copies: vec![FoundCopy::Planned(Ok(db_copy(&hub_secret())))],
         manifests: vec![
             found("Namespace", "apps"),
             found("ConfigMap", "inline"),
@@ -95,6 +95,8 @@ fn shape(plan: &DeployPlan) -> Vec<(String, Vec<String>)> {
                         Entry::Apply { chart: true, .. } => "chart",
                         Entry::Apply { .. } => "apply",
                         Entry::Hook(_) => "hook",
+                        Entry::Settled(_) => "settled",
+                        Entry::Write(_) => "write",
                     };
                     format!("{what} {} {}", k.kind, k.name)
                 })
