@@ -97,7 +97,7 @@ impl Run<'_> {
     /// The plan's last phase, run once every other is in place ([`plan::may_prune`]): the
     /// recorded objects no longer desired removed, then the inventory narrowed.
     pub(crate) async fn prune(&self, plan: &DeployPlan) -> crate::Result<()> {
-        crate::cleanup::remove_objects(self.ctx, self.writer, self.owner, &plan.prune, plan.keep)
+        crate::prune::remove_objects(self.ctx, self.writer, self.owner, &plan.prune, plan.keep)
             .await?;
         match &plan.final_write {
             Some(write) => self.ctx.inventory.put(self.owner, write).await,

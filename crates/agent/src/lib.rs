@@ -65,6 +65,7 @@ mod namespaces;
 mod observe;
 pub mod plan;
 pub mod policy;
+mod prune;
 mod reconcile;
 mod rendering;
 mod report;
