@@ -13,7 +13,6 @@ use kube::runtime::controller::Action;
 use tender_types::labels;
 use tender_types::{BundleDeployment, Cluster, ObjectRef, ObjectState, ObjectStatus};
 
-
 use crate::context::Context;
 use crate::execute::Run;
 use crate::hooks::HookEvent;

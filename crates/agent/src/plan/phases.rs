@@ -412,37 +412,12 @@ pub fn plan(observed: Observed, policy: &Policy, agent_namespace: &str) -> Deplo
         }
     }
 
-    let keys = |list: &mut dyn Iterator<Item = &Planned>| -> Vec<ObjectRef> {
-        list.filter_map(|p| p.as_ref().ok().map(|d| d.key.clone()))
-            .collect()
-    };
-    let mut desired = keys(&mut copies.iter());
-    desired.extend(keys(&mut crds.iter()));
-    desired.extend(keys(&mut objects.iter().map(|(p, _)| p)));
-    // A hook object is findable like any other (a crash leaves nothing unknown); it is kept
-    // while the chart renders it and pruned when the chart stops rendering it.
-    desired.extend(keys(&mut hooks.iter().map(|(_, p, _, _)| p)));
-    desired.extend(refused);
-    dedup(&mut desired);
+    let hook_objects: Vec<&Planned> = hooks.iter().map(|(_, p, _, _)| p).collect();
+    let desired = desired_keys(&copies, &crds, &objects, &hook_objects, refused);
     let record = union(&previous, &desired);
     let prune = prune_set(&record, &desired);
 
-    let own_namespaces: Vec<String> = objects
-        .iter()
-        .filter(|(p, _)| is_namespace(p))
-        .filter_map(|(p, _)| p.as_ref().ok().map(|d| d.key.name.clone()))
-        .collect();
-    let mut namespaces: Vec<String> = objects
-        .iter()
-        .map(|(p, _)| p)
-        .chain(&copies)
-        .chain(&crds)
-        .chain(hooks.iter().map(|(_, p, _, _)| p))
-        .filter_map(|p| p.as_ref().ok().and_then(|d| d.key.namespace.clone()))
-        .filter(|ns| !own_namespaces.contains(ns))
-        .collect();
-    namespaces.sort();
-    namespaces.dedup();
+    let namespaces = other_namespaces(&copies, &crds, &objects, &hook_objects);
 
     let (ns_objects, rest): (Vec<_>, Vec<_>) =
         objects.into_iter().partition(|(p, _)| is_namespace(p));
@@ -518,6 +493,54 @@ pub fn plan(observed: Observed, policy: &Policy, agent_namespace: &str) -> Deplo
         final_write,
         keep: options.keep_resources,
     }
+}
+
+/// Every object the deployment wants, in apply order, refused ones included (so they are not
+/// pruned). A hook object is findable like any other (a crash leaves nothing unknown); it is
+/// kept while the chart renders it and pruned when the chart stops rendering it.
+fn desired_keys(
+    copies: &[Planned],
+    crds: &[Planned],
+    objects: &[(Planned, bool)],
+    hooks: &[&Planned],
+    refused: Vec<ObjectRef>,
+) -> Vec<ObjectRef> {
+    let mut desired: Vec<ObjectRef> = copies
+        .iter()
+        .chain(crds)
+        .chain(objects.iter().map(|(p, _)| p))
+        .chain(hooks.iter().copied())
+        .filter_map(|p| p.as_ref().ok().map(|d| d.key.clone()))
+        .collect();
+    desired.extend(refused);
+    dedup(&mut desired);
+    desired
+}
+
+/// The namespaces objects land in that are not among the namespace manifests, sorted.
+fn other_namespaces(
+    copies: &[Planned],
+    crds: &[Planned],
+    objects: &[(Planned, bool)],
+    hooks: &[&Planned],
+) -> Vec<String> {
+    let own_namespaces: Vec<String> = objects
+        .iter()
+        .filter(|(p, _)| is_namespace(p))
+        .filter_map(|(p, _)| p.as_ref().ok().map(|d| d.key.name.clone()))
+        .collect();
+    let mut namespaces: Vec<String> = objects
+        .iter()
+        .map(|(p, _)| p)
+        .chain(copies)
+        .chain(crds)
+        .chain(hooks.iter().copied())
+        .filter_map(|p| p.as_ref().ok().and_then(|d| d.key.namespace.clone()))
+        .filter(|ns| !own_namespaces.contains(ns))
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    namespaces
 }
 
 /// The entries of removal hooks (`pre-delete`, `post-delete`) as observed.
