@@ -163,18 +163,7 @@ impl<'a> Session<'a> {
         budget: Budget,
         redirects: Redirects,
     ) -> Result<Reply, Failure> {
-        let base = self.base.clone();
-        let mut reply = self
-            .http
-            .send(
-                url,
-                origin(&base),
-                self.authorization.as_deref(),
-                accept,
-                budget,
-                redirects,
-            )
-            .await?;
+        let mut reply = self.send(url, accept, budget, redirects).await?;
         if reply.status == StatusCode::UNAUTHORIZED
             && let Some(challenge) = reply
                 .headers
@@ -185,21 +174,32 @@ impl<'a> Session<'a> {
             let answer = self.answer(challenge).await?;
             if answer.is_some() && answer != self.authorization {
                 self.authorization = answer;
-                reply = self
-                    .http
-                    .send(
-                        url,
-                        origin(&base),
-                        self.authorization.as_deref(),
-                        accept,
-                        budget,
-                        redirects,
-                    )
-                    .await?;
+                reply = self.send(url, accept, budget, redirects).await?;
             }
         }
         self.refused(&reply, "the registry")?;
         Ok(reply)
+    }
+
+    /// One GET of `url` with the session's authorization (sent to the registry only).
+    async fn send(
+        &self,
+        url: &str,
+        accept: Option<&str>,
+        budget: Budget,
+        redirects: Redirects,
+    ) -> Result<Reply, Failure> {
+        let authorization = self.authorization.as_deref();
+        self.http
+            .send(
+                url,
+                origin(&self.base),
+                authorization,
+                accept,
+                budget,
+                redirects,
+            )
+            .await
     }
 
     /// A 401 or 403 of `who` as an authentication failure.

@@ -261,6 +261,23 @@ mod tests {
         assert_eq!(state(&refused), ObjectState::Error, "the agent's namespace");
     }
 
+    /// A plan of one objects phase holding `entries`.
+    fn objects_phase(entries: Vec<Entry>) -> DeployPlan {
+        DeployPlan {
+            record: Vec::new(),
+            desired: Vec::new(),
+            namespaces: Vec::new(),
+            phases: vec![PlannedPhase {
+                phase: Phase::Objects,
+                entries,
+            }],
+            prune: Vec::new(),
+            record_write: None,
+            final_write: None,
+            keep: false,
+        }
+    }
+
     #[test]
     fn every_apply_of_a_plan_is_decided_and_reports_stay() {
         let (a, b, c) = (
@@ -274,19 +291,7 @@ mod tests {
             chart: false,
             adopt: false,
         };
-        let plan = DeployPlan {
-            record: Vec::new(),
-            desired: Vec::new(),
-            namespaces: Vec::new(),
-            phases: vec![PlannedPhase {
-                phase: Phase::Objects,
-                entries: vec![apply(&a), apply(&b), Entry::Report(refused.clone())],
-            }],
-            prune: Vec::new(),
-            record_write: None,
-            final_write: None,
-            keep: false,
-        };
+        let plan = objects_phase(vec![apply(&a), apply(&b), Entry::Report(refused.clone())]);
         let state_of = LiveState::from([
             (a.key.clone(), Ok(live(&a, None))),
             (b.key.clone(), Err("cannot read: forbidden".to_string())),
@@ -307,23 +312,11 @@ mod tests {
     #[test]
     fn a_chart_object_is_decided_with_the_charts_take_ownership() {
         let d = config_map("apps", "web");
-        let plan = DeployPlan {
-            record: Vec::new(),
-            desired: Vec::new(),
-            namespaces: Vec::new(),
-            phases: vec![PlannedPhase {
-                phase: Phase::Objects,
-                entries: vec![Entry::Apply {
-                    desired: d.clone(),
-                    chart: true,
-                    adopt: false,
-                }],
-            }],
-            prune: Vec::new(),
-            record_write: None,
-            final_write: None,
-            keep: false,
-        };
+        let plan = objects_phase(vec![Entry::Apply {
+            desired: d.clone(),
+            chart: true,
+            adopt: false,
+        }]);
         let state_of =
             LiveState::from([(d.key.clone(), Ok(live(&d, Some(unowned(&d, json!({}))))))]);
         let modes = Modes {
