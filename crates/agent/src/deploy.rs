@@ -1,6 +1,9 @@
-//! Deploying one BundleDeployment, top to bottom (decision 0088-phased-deploy-and-helm-hooks):
-//! observe once ([`observe`]), plan the phases ([`plan::deployment_plan`], pure), record the
-//! inventory, run the phases ([`execute`]), prune once everything is in place, and report.
+//! Deploying one BundleDeployment, top to bottom (decisions 0088-phased-deploy-and-helm-hooks,
+//! 0118-agent-decides-in-the-plan): observe ([`observe`], only reads), render the chart
+//! ([`rendering`]), plan the phases ([`plan::deployment_plan`], pure), read the live objects
+//! and decide each ([`plan::decide`], pure), run the phases ([`execute`]: record the inventory,
+//! the planned phases, prune once everything is in place), and report (the drift watches, then
+//! the status).
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,8 @@
 //! Pure decisions of the agent, callable without a cluster: the desired downstream objects of a
 //! BundleDeployment, who owns an existing object, what to prune and how to strip tender's
-//! metadata; and in [`object`], what to do about one object (the operations handed to the
-//! executor, see [`object_plan`]).
+//! metadata; in [`object`], what to do about one object (the operations handed to the
+//! executor, see [`object_plan`]); and [`decide`], every object of a deployment's phases
+//! decided from its observed live object.
 
 pub mod consumers;
 mod decide;
