@@ -309,3 +309,69 @@ fn connect_error(e: &hyper_util::client::legacy::Error) -> String {
     }
     last
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{absolute, origin};
+
+    #[test]
+    fn urls_resolve_against_the_repository() {
+        assert_eq!(
+            absolute("http://r/charts/", "a.tgz"),
+            "http://r/charts/a.tgz"
+        );
+        assert_eq!(
+            absolute("http://r/charts", "http://cdn/a.tgz"),
+            "http://cdn/a.tgz"
+        );
+        assert_eq!(
+            origin("https://r.example:8443/x/y"),
+            "https://r.example:8443"
+        );
+        assert_eq!(origin("http://r"), "http://r");
+    }
+
+    #[test]
+    fn redirects_stay_on_the_origin_unless_listed_or_an_https_blob() {
+        let listed = vec!["release-assets.githubusercontent.com".to_string()];
+        let ok = |from: &str, to: &str, p: Redirects| redirect_allowed(from, to, p, &listed);
+        let r = "http://127.0.0.1:8080";
+        assert!(ok(
+            r,
+            "http://127.0.0.1:8080/moved/a.tgz",
+            Redirects::Listed
+        ));
+        assert!(
+            !ok(r, "http://127.0.0.1:8081/a.tgz", Redirects::Listed),
+            "port"
+        );
+        assert!(
+            !ok(r, "https://127.0.0.1:8080/a.tgz", Redirects::Listed),
+            "scheme"
+        );
+        assert!(
+            !ok(r, "http://10.0.0.1:8080/a.tgz", Redirects::Listed),
+            "host"
+        );
+        let gh = "https://github.com";
+        assert!(ok(
+            gh,
+            "https://release-assets.githubusercontent.com/x?sig=1",
+            Redirects::Listed
+        ));
+        assert!(
+            !ok(
+                gh,
+                "http://release-assets.githubusercontent.com/x",
+                Redirects::Listed
+            ),
+            "a listed host over plain http"
+        );
+        assert!(!ok(gh, "https://evil.example/x", Redirects::Listed));
+        assert!(ok(gh, "https://evil.example/blob", Redirects::AnyHttps));
+        assert!(!ok(gh, "http://169.254.169.254/", Redirects::AnyHttps));
+        assert_eq!(host("https://[::1]:5000"), "[::1]");
+        assert_eq!(host("https://r.example:443"), "r.example");
+    }
+}
