@@ -7,7 +7,9 @@ use std::process::Command;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::discovery::{Discovery, Scope};
-use tender_e2e::{HUB, crds::install_crds, downstream_name, ensure_helm, shared_env_of, unique_name};
+use tender_e2e::{
+    HUB, crds::install_crds, downstream_name, ensure_helm, shared_env_of, unique_name,
+};
 
 fn chart(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
