@@ -612,28 +612,79 @@ where
     assert!(samples >= 2, "{what}: observed only {samples} time(s)");
 }
 
-/// Every log line of this test binary (tender's crates and kube at debug), for the searches
-/// that prove no Secret value or credential is ever logged. The first call installs the
-/// process's tracing subscriber; later calls return the same buffer.
-pub fn captured_logs() -> &'static std::sync::Mutex<Vec<u8>> {
-    static LOGS: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
-    LOGS.get_or_init(|| {
+/// The log lines of tender's crates and kube (at debug) while a [`LogCapture`] is alive, for
+/// the searches that prove no Secret value or credential is ever logged. Every test of the
+/// binary logs through the one process-wide subscriber, so the capture holds other tests' lines
+/// too (a superset: the values searched for are unique to the test); outside captures the
+/// filter is off, so the rest of the suite neither formats nor keeps debug lines.
+pub fn capture_logs() -> LogCapture {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, reload};
+    const CAPTURED: &str = "tender_hub=debug,tender_agent=debug,tender_runtime=debug,kube=debug";
+    let state = LOG_CAPTURE.get_or_init(|| {
         struct Sink;
         impl std::io::Write for Sink {
             fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                captured_logs().lock().unwrap().extend_from_slice(buf);
+                if let Some(state) = LOG_CAPTURE.get() {
+                    state.lines.lock().unwrap().extend_from_slice(buf);
+                }
                 Ok(buf.len())
             }
             fn flush(&mut self) -> std::io::Result<()> {
                 Ok(())
             }
         }
-        let subscriber = tracing_subscriber::fmt()
-            .with_env_filter("tender_hub=debug,tender_agent=debug,tender_runtime=debug,kube=debug")
-            .with_writer(|| Sink)
-            .with_ansi(false)
-            .finish();
-        let _ = tracing::subscriber::set_global_default(subscriber);
-        std::sync::Mutex::new(Vec::new())
-    })
+        let (filter, handle) = reload::Layer::new(EnvFilter::new("off"));
+        let _ = tracing_subscriber::registry()
+            .with(filter)
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(|| Sink)
+                    .with_ansi(false),
+            )
+            .try_init();
+        CaptureState {
+            lines: std::sync::Mutex::new(Vec::new()),
+            open: std::sync::Mutex::new(0),
+            filter: Box::new(move |on| {
+                let _ = handle.reload(EnvFilter::new(if on { CAPTURED } else { "off" }));
+            }),
+        }
+    });
+    let mut open = state.open.lock().unwrap();
+    if *open == 0 {
+        (state.filter)(true);
+    }
+    *open += 1;
+    LogCapture(state)
+}
+
+struct CaptureState {
+    lines: std::sync::Mutex<Vec<u8>>,
+    /// Captures alive; the filter is on while there is one.
+    open: std::sync::Mutex<usize>,
+    filter: Box<dyn Fn(bool) + Send + Sync>,
+}
+
+static LOG_CAPTURE: std::sync::OnceLock<CaptureState> = std::sync::OnceLock::new();
+
+/// Log capture of one test (see [`capture_logs`]); ends when dropped.
+pub struct LogCapture(&'static CaptureState);
+
+impl LogCapture {
+    /// Everything captured so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lines.lock().unwrap()).into_owned()
+    }
+}
+
+impl Drop for LogCapture {
+    fn drop(&mut self) {
+        let mut open = self.0.open.lock().unwrap();
+        *open -= 1;
+        if *open == 0 {
+            (self.0.filter)(false);
+        }
+    }
 }

@@ -22,28 +22,41 @@ pub use wait::{eventually, unique_name, within};
 
 use tokio::sync::OnceCell;
 
-/// An environment with `downstream` downstream clusters shared by every test of one test
-/// binary (started by the first test that asks). Its processes die with the test binary;
-/// tests keep out of each other's way by using their own namespaces.
+/// An environment with `downstream` downstream clusters shared by every test of the test
+/// binary that asks for that many (started by the first). Its processes die with the test
+/// binary; tests keep out of each other's way by using their own namespaces and workspaces.
+///
+/// # Panics
+/// When the environment does not start.
 pub async fn shared_env(downstream: usize) -> &'static TestEnv {
-    static ENV: OnceCell<TestEnv> = OnceCell::const_new();
+    shared_env_of("", downstream).await
+}
+
+/// Like [`shared_env`], but shared only by the tests that name the same `group`: for tests
+/// whose cluster-scoped objects would meet other tests' (a chart's CRDs or webhooks, the agent
+/// chart's fixed-name ClusterRoleBinding, a user granted rights cluster-wide).
+///
+/// # Panics
+/// When the environment does not start.
+pub async fn shared_env_of(group: &'static str, downstream: usize) -> &'static TestEnv {
+    type Cells = std::collections::HashMap<(&'static str, usize), &'static OnceCell<TestEnv>>;
+    static ENVS: std::sync::Mutex<Option<Cells>> = std::sync::Mutex::new(None);
     require_bubblewrap();
-    let env = ENV
-        .get_or_init(|| async {
-            TestEnv::start(EnvOptions {
-                downstream,
-                state_dir: None,
-            })
-            .await
-            .expect("starting the test environment")
+    let cell = *ENVS
+        .lock()
+        .expect("shared environments")
+        .get_or_insert_with(Cells::new)
+        .entry((group, downstream))
+        .or_insert_with(|| Box::leak(Box::new(OnceCell::new())));
+    cell.get_or_init(|| async {
+        TestEnv::start(EnvOptions {
+            downstream,
+            state_dir: None,
         })
-        .await;
-    assert_eq!(
-        env.clusters().len(),
-        downstream + 1,
-        "shared_env called with different cluster counts in one test binary"
-    );
-    env
+        .await
+        .expect("starting the test environment")
+    })
+    .await
 }
 
 /// Registering clusters and running agents in-process (owned by the agent work).

@@ -13,13 +13,12 @@ use kube::runtime::controller::Action;
 use tender_types::labels;
 use tender_types::{BundleDeployment, Cluster, ObjectRef, ObjectState, ObjectStatus};
 
-use tender_runtime::Executor;
-
 use crate::context::Context;
 use crate::execute::Run;
 use crate::hooks::HookEvent;
 use crate::inventory::Recorded;
 use crate::plan::{self, Owner, cluster_selector};
+use crate::prune::remove_objects;
 use crate::status::Outcome;
 use crate::{Error, Result};
 use crate::{observe, report};
@@ -178,11 +177,6 @@ async fn removal_hooks(
             correct_drift: false,
             take_ownership: false,
         },
-        chart_mode: plan::Mode {
-            pending: true,
-            correct_drift: false,
-            take_ownership: false,
-        },
         run: &bd.spec.deployment_id,
         hook_timeout: observe::hook_timeout(bd),
         failed_hooks: &plan::failed_hooks(bd.status.as_ref(), &bd.spec.deployment_id),
@@ -198,8 +192,14 @@ async fn removal_hooks(
         namespaces: Vec::new(),
         phases: vec![phase],
         prune: Vec::new(),
+        record_write: None,
+        final_write: None,
+        keep: bd.spec.options.keep_resources,
     };
     let executed = run.execute(&hooks).await;
+    for resource in &executed.watch {
+        ctx.drift.ensure(resource);
+    }
     let statuses: Vec<ObjectStatus> = executed.phases.into_iter().flat_map(|(_, s)| s).collect();
     if statuses
         .iter()
@@ -223,59 +223,10 @@ async fn removal_hooks(
     };
     report::report(ctx, bd, &outcome).await?;
     Ok(Some(if failed {
-        Action::requeue(std::time::Duration::from_secs(30))
+        Action::requeue(ctx.config.removal_hook_retry)
     } else {
-        Action::requeue(std::time::Duration::from_secs(5))
+        Action::requeue(ctx.config.hook_poll)
     }))
-}
-
-/// Deletes (or, with `keep` or the object's own keep-resources marker, strips tender's
-/// metadata from) each object in `objects` that `owner` owns. Manifests go before copies
-/// (reverse apply order). Objects already gone or owned by someone else are skipped.
-pub(crate) async fn remove_objects(
-    ctx: &Context,
-    writer: &Executor,
-    owner: &Owner,
-    objects: &[ObjectRef],
-    keep: bool,
-) -> Result<()> {
-    for key in objects.iter().rev() {
-        remove_object(ctx, writer, owner, key, keep).await?;
-    }
-    Ok(())
-}
-
-async fn remove_object(
-    ctx: &Context,
-    writer: &Executor,
-    owner: &Owner,
-    r: &ObjectRef,
-    keep: bool,
-) -> Result<()> {
-    let (key, api) = match ctx.down.locate(r).await {
-        Ok(x) => x,
-        // The kind no longer exists downstream (CRD removed): nothing left to remove.
-        Err(e) if e.is_not_found() => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    let Some(obj) = api.get_opt(&key.name).await.map_err(|e| {
-        Error::kube(
-            format!("read {key} downstream for cleanup"),
-            key.is_secret(),
-            e,
-        )
-    })?
-    else {
-        return Ok(());
-    };
-    let Some((op, action)) = plan::removal_op(key, &obj.metadata, owner, keep) else {
-        tracing::debug!(object = %r, "not owned by {}; left alone", owner.annotation());
-        return Ok(());
-    };
-    if writer.execute(op).await?.wrote {
-        ctx.metrics.written(action, &r.kind);
-    }
-    Ok(())
 }
 
 /// Whether the start-up sweep may run, from the agent's Cluster as the hub shows it right

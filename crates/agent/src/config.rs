@@ -13,6 +13,18 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
 pub const DEFAULT_CONFLICT_RECHECK: Duration = Duration::from_secs(30);
 /// Default minimum interval between writes of the Cluster's `status.agent` (unless it changed).
 pub const DEFAULT_CLUSTER_STATUS_INTERVAL: Duration = Duration::from_secs(300);
+/// How soon a deployment whose copy is not on the hub yet looks again, by default (the copy's
+/// watch normally wakes it first).
+pub const DEFAULT_COPY_WAIT: Duration = Duration::from_secs(2);
+/// How often a running hook's Job or Pod is looked at when no event woke the deployment, by
+/// default.
+pub const DEFAULT_HOOK_POLL: Duration = Duration::from_secs(5);
+/// How soon a removal whose hook failed tries again, by default.
+pub const DEFAULT_REMOVAL_HOOK_RETRY: Duration = Duration::from_secs(30);
+/// How soon reverse sync passes again after a failed pass, by default.
+pub const DEFAULT_UPSTREAM_RETRY: Duration = Duration::from_secs(3);
+/// How long reverse sync gathers a burst of events into one pass, by default.
+pub const DEFAULT_UPSTREAM_COALESCE: Duration = Duration::from_millis(100);
 
 /// What one agent is responsible for and how it behaves.
 #[derive(Clone, Debug)]
@@ -55,8 +67,23 @@ pub struct AgentConfig {
     pub hub_signing_keys: String,
     /// How often a deployment blocked by a conflict or an error looks again (an object someone
     /// else made may go away, a failing apply may succeed): [`DEFAULT_CONFLICT_RECHECK`].
-    /// Tests shorten it to prove "untouched across two re-checks" in seconds.
+    /// A chart that cannot be fetched or rendered is an Error entry, so this is also the
+    /// chart retry. Tests shorten it (or run on tokio's paused clock) to prove "untouched
+    /// across two re-checks" in seconds.
     pub conflict_recheck: Duration,
+    /// How soon a deployment whose copy is not on the hub yet looks again
+    /// ([`DEFAULT_COPY_WAIT`]).
+    pub copy_wait: Duration,
+    /// How often a running hook is looked at without an event ([`DEFAULT_HOOK_POLL`]); also
+    /// the removal's wait for a running removal hook.
+    pub hook_poll: Duration,
+    /// How soon a removal whose hook failed tries again ([`DEFAULT_REMOVAL_HOOK_RETRY`]).
+    pub removal_hook_retry: Duration,
+    /// How soon reverse sync passes again after a failed pass ([`DEFAULT_UPSTREAM_RETRY`]).
+    pub upstream_retry: Duration,
+    /// How long reverse sync gathers a burst of events into one pass
+    /// ([`DEFAULT_UPSTREAM_COALESCE`]).
+    pub upstream_coalesce: Duration,
 }
 
 impl AgentConfig {
@@ -85,6 +112,11 @@ impl AgentConfig {
             allowed_bundle_service_accounts: Vec::new(),
             hub_signing_keys: String::new(),
             conflict_recheck: DEFAULT_CONFLICT_RECHECK,
+            copy_wait: DEFAULT_COPY_WAIT,
+            hook_poll: DEFAULT_HOOK_POLL,
+            removal_hook_retry: DEFAULT_REMOVAL_HOOK_RETRY,
+            upstream_retry: DEFAULT_UPSTREAM_RETRY,
+            upstream_coalesce: DEFAULT_UPSTREAM_COALESCE,
         }
     }
 }

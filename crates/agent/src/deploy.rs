@@ -1,9 +1,11 @@
-//! Deploying one BundleDeployment, top to bottom (decision 0088-phased-deploy-and-helm-hooks):
-//! observe once ([`observe`]), plan the phases ([`plan::deployment_plan`], pure), record the
-//! inventory, run the phases ([`execute`]), prune once everything is in place, and report.
+//! Deploying one BundleDeployment, top to bottom (decisions 0088-phased-deploy-and-helm-hooks,
+//! 0118-agent-decides-in-the-plan): observe ([`observe`], only reads), render the chart
+//! ([`rendering`]), plan the phases ([`plan::deployment_plan`], pure), read the live objects
+//! and decide each ([`plan::decide`], pure), run the phases ([`execute`]: record the inventory,
+//! the planned phases, prune once everything is in place), and report (the drift watches, then
+//! the status).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -13,14 +15,7 @@ use crate::context::Context;
 use crate::execute::{Executed, Run};
 use crate::plan::{self, Mode, Owner, Phase};
 use crate::status::Outcome;
-use crate::{Result, cleanup, observe, policy, report};
-
-/// The hub's copy is behind the BundleDeployment; its watch normally triggers us first.
-/// (Objects somebody else owns are re-checked every `AgentConfig::conflict_recheck`: their
-/// deletion does not reach our label-filtered watches.)
-const COPY_WAIT: Duration = Duration::from_secs(2);
-/// A running hook's Job or Pod wakes the deployment when it changes; this is the fallback.
-const HOOK_POLL: Duration = Duration::from_secs(5);
+use crate::{Result, observe, policy, rendering, report};
 
 /// Observe → plan → execute → report for `bd`; the action says when to look again.
 pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Action> {
@@ -67,47 +62,35 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         }
     };
 
-    // Observe once, plan, and record what may be created before creating it (a crash leaves
-    // nothing unknown).
-    let observed = observe::observe(ctx, bd, &owner, pending, &verified).await?;
+    // Observe (only reads), render the chart, plan (pure: the phases, then every object
+    // decided from its live state).
+    let mut observed = observe::observe(ctx, bd, &owner, pending, &verified).await?;
+    rendering::render(ctx, bd, &mut observed).await;
     outcome.copy_feature_disabled = observed.copy_feature_disabled;
-    let plan = plan::deployment_plan(
-        observed.input,
-        &ctx.config.policy,
-        &ctx.config.agent_namespace,
-    );
-    // The chart's release advances only once this deployment is applied (a failed upgrade
-    // leaves the applied revision as it was).
-    let applied_release = observed
-        .recorded
-        .as_ref()
-        .and_then(|r| r.chart_release.as_deref());
-    ctx.inventory
-        .write(
-            &owner,
-            observed.recorded.as_ref(),
-            &plan.record,
-            applied_release,
-        )
-        .await?;
-
-    // Execute the phases.
     let mode = Mode {
         pending,
         correct_drift: opts.correct_drift,
         take_ownership: opts.take_ownership,
     };
+    let modes = plan::Modes {
+        manifests: mode,
+        chart: Mode {
+            take_ownership: mode.take_ownership
+                || spec.helm.as_ref().is_some_and(|h| h.take_ownership),
+            ..mode
+        },
+    };
+    let agent_ns = &ctx.config.agent_namespace;
+    let phases = plan::deployment_plan(observed.input, &ctx.config.policy, agent_ns);
+    let live = observe::live(ctx, &phases).await;
+    let plan = plan::decide(phases, &live, modes, &owner, agent_ns);
+    // Execute the phases: record, the planned phases, and prune once all is in place.
     let failed_hooks = plan::failed_hooks(bd.status.as_ref(), &spec.deployment_id);
     let run = Run {
         ctx,
         writer: &writer,
         owner: &owner,
         mode,
-        chart_mode: Mode {
-            take_ownership: mode.take_ownership
-                || spec.helm.as_ref().is_some_and(|h| h.take_ownership),
-            ..mode
-        },
         run: &spec.deployment_id,
         hook_timeout: observed.hook_timeout,
         failed_hooks: &failed_hooks,
@@ -120,32 +103,18 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
             plan::NamespaceMeta::default()
         },
     };
-    let executed = run.execute(&plan).await;
+    run.record(&plan).await?;
+    let mut executed = run.execute(&plan).await;
     let hook_running = executed.hook_running;
+    let prune = plan::may_prune(&executed.phases);
+    let mut watch = std::mem::take(&mut observed.watch);
+    watch.append(&mut executed.watch);
     outcome_of(executed, &mut outcome);
 
     // Prune and narrow the inventory only when everything desired is in place.
     let mut applied_now = false;
-    if outcome
-        .copies
-        .iter()
-        .chain(&outcome.manifests)
-        .all(plan::in_place)
-    {
-        cleanup::remove_objects(ctx, &writer, &owner, &plan.prune, opts.keep_resources).await?;
-        let recorded = crate::inventory::Recorded {
-            objects: plan.record.clone(),
-            chart_release: applied_release.map(str::to_string),
-            ..Default::default()
-        };
-        ctx.inventory
-            .write(
-                &owner,
-                Some(&recorded),
-                &plan.desired,
-                observed.chart_release.as_deref(),
-            )
-            .await?;
+    if prune {
+        run.prune(&plan).await?;
         if pending {
             applied_now = true;
             outcome.applied_id = Some(spec.deployment_id.clone());
@@ -154,6 +123,8 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
             tracing::info!(bundle_deployment = %name, deployment_id = %spec.deployment_id, "deployment applied");
         }
     }
+    // Report: the drift watches of every kind observed or written, then the status.
+    observe::start_watches(ctx, &name, &watch);
     report::report(ctx, bd, &outcome).await?;
     // A `hook-succeeded` hook's object is this run's record of having run until the run is
     // reported applied; then it goes.
@@ -161,9 +132,11 @@ pub(crate) async fn deploy(bd: &BundleDeployment, ctx: &Context) -> Result<Actio
         run.delete_succeeded_hooks(&plan).await;
     }
     Ok(if hook_running {
-        Action::requeue(HOOK_POLL)
+        // A running hook's Job or Pod wakes the deployment when it changes; this is the
+        // fallback.
+        Action::requeue(ctx.config.hook_poll)
     } else {
-        next_look(&outcome, ctx.config.conflict_recheck)
+        next_look(&outcome, &ctx.config)
     })
 }
 
@@ -246,9 +219,11 @@ async fn effective(
     (bd, verified)
 }
 
-/// When to reconcile again: on change only, unless a copy is still missing on the hub (soon)
-/// or an object is blocked by a conflict or an error (every `recheck`).
-fn next_look(outcome: &Outcome, recheck: Duration) -> Action {
+/// When to reconcile again: on change only, unless a copy is still missing on the hub
+/// (`copy_wait`: its watch normally triggers us first) or an object is blocked by a conflict
+/// or an error (every `conflict_recheck`: the deletion of an object somebody else owns does
+/// not reach our label-filtered watches).
+fn next_look(outcome: &Outcome, config: &crate::config::AgentConfig) -> Action {
     let blocked = outcome.copies.iter().chain(&outcome.manifests).any(|s| {
         matches!(
             s.state,
@@ -262,8 +237,8 @@ fn next_look(outcome: &Outcome, recheck: Duration) -> Action {
         .iter()
         .any(|s| s.state == ObjectState::Missing)
     {
-        Action::requeue(COPY_WAIT)
+        Action::requeue(config.copy_wait)
     } else {
-        Action::requeue(recheck)
+        Action::requeue(config.conflict_recheck)
     }
 }

@@ -1,6 +1,6 @@
 //! Runs a [`DeployPlan`]'s phases in order (decision 0088-phased-deploy-and-helm-hooks): namespace
 //! manifests, the other namespaces, then each phase once [`plan::gate`] lets it start. An object
-//! goes through [`sync_object`]; a hook is created for this run (its previous run's object deleted
+//! decided by the plan is written by [`write_object`] (or its decided state reported); a hook is created for this run (its previous run's object deleted
 //! first), waited for, and judged. What each entry became is returned per phase; nothing here
 //! decides the deployment's status.
 
@@ -18,7 +18,7 @@ use crate::downstream;
 use crate::downstream::message;
 use crate::plan::{self, DeployPlan, Entry, HookProgress, HookStep, Mode, Owner, Phase};
 
-use crate::sync::{ensure_namespace, sync_object};
+use crate::sync::{ensure_namespace, settled, write_object};
 
 /// How one run of a deployment's phases went.
 #[derive(Debug, Default)]
@@ -29,6 +29,8 @@ pub(crate) struct Executed {
     pub(crate) corrected: Vec<ObjectRef>,
     /// A hook is running: look again soon (its Job's changes also wake the deployment).
     pub(crate) hook_running: bool,
+    /// The kinds written, to watch for drift (started by the report step).
+    pub(crate) watch: Vec<kube::discovery::ApiResource>,
 }
 
 /// How the entries of a run are written.
@@ -36,9 +38,8 @@ pub(crate) struct Run<'a> {
     pub(crate) ctx: &'a Context,
     pub(crate) writer: &'a Executor,
     pub(crate) owner: &'a Owner,
-    /// For the manifests; `chart_mode` for the chart's objects.
+    /// For the manifests (the plan's decisions were made with it; `pending` gates phases).
     pub(crate) mode: Mode,
-    pub(crate) chart_mode: Mode,
     /// The deploymentID this run applies (marks hook objects).
     pub(crate) run: &'a str,
     /// How long a hook may run (the chart's timeout).
@@ -84,6 +85,26 @@ impl Run<'_> {
         done
     }
 
+    /// The plan's first phase: the inventory recorded before anything is created (a crash
+    /// leaves nothing unknown).
+    pub(crate) async fn record(&self, plan: &DeployPlan) -> crate::Result<()> {
+        match &plan.record_write {
+            Some(write) => self.ctx.inventory.put(self.owner, write).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The plan's last phase, run once every other is in place ([`plan::may_prune`]): the
+    /// recorded objects no longer desired removed, then the inventory narrowed.
+    pub(crate) async fn prune(&self, plan: &DeployPlan) -> crate::Result<()> {
+        crate::prune::remove_objects(self.ctx, self.writer, self.owner, &plan.prune, plan.keep)
+            .await?;
+        match &plan.final_write {
+            Some(write) => self.ctx.inventory.put(self.owner, write).await,
+            None => Ok(()),
+        }
+    }
+
     /// Ensures the plan's namespaces; the errors by namespace.
     async fn ensure_namespaces(&self, plan: &DeployPlan) -> Vec<(String, String)> {
         let mut errors = Vec::new();
@@ -99,20 +120,25 @@ impl Run<'_> {
     async fn entry(&self, entry: &Entry, done: &mut Executed) -> ObjectStatus {
         match entry {
             Entry::Report(s) => s.clone(),
-            Entry::Apply { desired, .. } => {
-                let mode = entry.mode(self.mode, self.chart_mode);
-                sync_object(
+            Entry::Settled(s) => settled(self.ctx, s),
+            Entry::Write(w) => {
+                write_object(
                     self.ctx,
                     self.writer,
-                    desired,
-                    self.owner,
-                    mode,
+                    w,
                     &mut done.corrected,
+                    &mut done.watch,
                 )
                 .await
             }
+            // Every object is decided before execution ([`plan::decide`]).
+            Entry::Apply { desired, .. } => ObjectStatus::new(
+                &desired.key,
+                ObjectState::Error,
+                Some("not decided from its live object".into()),
+            ),
             Entry::Hook(step) => {
-                let s = self.hook(step).await;
+                let s = self.hook(step, &mut done.watch).await;
                 if s.state == ObjectState::Missing {
                     done.hook_running = true;
                 }
@@ -122,7 +148,11 @@ impl Run<'_> {
     }
 
     /// Runs hook `step` one step further: start it, or judge it.
-    async fn hook(&self, step: &HookStep) -> ObjectStatus {
+    async fn hook(
+        &self,
+        step: &HookStep,
+        watch: &mut Vec<kube::discovery::ApiResource>,
+    ) -> ObjectStatus {
         let key = &step.desired.key;
         let named = format!("hook {key} ({})", step.event.as_str());
         let failed = |why: String| {
@@ -190,7 +220,7 @@ impl Run<'_> {
                 match self.writer.execute(op).await {
                     Ok(outcome) => {
                         self.ctx.metrics.written("apply", &key.kind);
-                        self.ctx.drift.ensure(&okey.resource);
+                        watch.push(okey.resource.clone());
                         let created = outcome
                             .object
                             .map(|o| serde_json::to_value(o).unwrap_or_default());

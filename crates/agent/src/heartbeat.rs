@@ -6,7 +6,10 @@
 //! hub at the defaults; Lease writes do not wake the hub's Cluster watches.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock, so tests on its paused clock advance the Cluster status interval too.
+use tokio::time::Instant;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};

@@ -20,7 +20,7 @@ use tender_types::ObjectRef;
 use tender_types::hash::sha256_hex;
 use tender_types::labels;
 
-use crate::plan::{Owner, cluster_selector, ownership_labels};
+use crate::plan::{InventoryWrite, Owner, cluster_selector, inventory_write, ownership_labels};
 use crate::{Error, Result};
 
 const OBJECTS_KEY: &str = "objects";
@@ -216,13 +216,24 @@ impl Inventory {
             objects,
             chart_release,
         ) {
-            // Until the write is answered nothing is known of the version it makes.
-            self.see(name(owner), None);
-            // Only a write that was made returns the object, and with it the new version.
-            let outcome = self.writer.execute(op).await?;
-            let rv = outcome.object.and_then(|o| o.metadata.resource_version);
-            self.see(name(owner), rv);
+            self.apply(owner, op).await?;
         }
+        Ok(())
+    }
+
+    /// Carries out an inventory write the deployment plan decided.
+    pub(crate) async fn put(&self, owner: &Owner, write: &InventoryWrite) -> Result<()> {
+        let op = put_op(self.key(owner), &self.agent_namespace, owner, write);
+        self.apply(owner, op).await
+    }
+
+    async fn apply(&self, owner: &Owner, op: Op) -> Result<()> {
+        // Until the write is answered nothing is known of the version it makes.
+        self.see(name(owner), None);
+        // Only a write that was made returns the object, and with it the new version.
+        let outcome = self.writer.execute(op).await?;
+        let rv = outcome.object.and_then(|o| o.metadata.resource_version);
+        self.see(name(owner), rv);
         Ok(())
     }
 
@@ -277,15 +288,23 @@ fn write_op(
     objects: &[ObjectRef],
     chart_release: Option<&str>,
 ) -> Option<Op> {
-    let same = current
-        .is_some_and(|c| c.objects == objects && c.chart_release.as_deref() == chart_release);
-    (!same).then(|| {
-        Op::Apply(Apply {
-            key,
-            body: body(agent_namespace, owner, objects, chart_release),
-            replace_if_immutable: false,
-            fingerprint: None,
-        })
+    let recorded = current.map(|c| (c.objects.as_slice(), c.chart_release.as_deref()));
+    inventory_write(recorded, objects, chart_release)
+        .map(|write| put_op(key, agent_namespace, owner, &write))
+}
+
+/// The apply of inventory `write`.
+fn put_op(key: ObjectKey, agent_namespace: &str, owner: &Owner, write: &InventoryWrite) -> Op {
+    Op::Apply(Apply {
+        key,
+        body: body(
+            agent_namespace,
+            owner,
+            &write.objects,
+            write.release.as_deref(),
+        ),
+        replace_if_immutable: false,
+        fingerprint: None,
     })
 }
 

@@ -65,11 +65,15 @@ mod namespaces;
 mod observe;
 pub mod plan;
 pub mod policy;
+mod prune;
 mod reconcile;
+mod rendering;
 mod report;
 mod run;
 pub mod status;
 mod sync;
+#[cfg(test)]
+mod testing;
 mod upstream;
 
 pub use config::{

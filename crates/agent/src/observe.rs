@@ -1,21 +1,24 @@
-//! Observing one BundleDeployment once (decision 0088-phased-deploy-and-helm-hooks): who it is
-//! written as, its copies from the hub, discovery of every kind, the fan-out namespaces, the
-//! inventory and the rendered chart (objects, CRDs and hooks), with the owner's policy applied —
-//! everything the pure [`plan::deployment_plan`] needs.
+//! Observing one BundleDeployment (decision 0088-phased-deploy-and-helm-hooks, decision
+//! 0118-agent-decides-in-the-plan): its copies from the hub, discovery of every kind, the
+//! fan-out namespaces and the inventory ([`observe`]), then — once the chart is rendered
+//! ([`crate::rendering`]) and the objects planned — the live object of each ([`live`]). Only
+//! reads: the pure [`plan`] decides, the drift watches of the kinds found here are started by
+//! the report step.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use kube::ResourceExt;
+use kube::discovery::ApiResource;
+use tender_runtime::reconcile::{error_text, is_not_found};
 use tender_types::{
     BundleDeployment, BundleDeploymentOptions, Manifest, ObjectRef, ObjectState, ObjectStatus,
     namespaces,
 };
 
 use crate::context::Context;
-use crate::hooks::{HookEvent, RenderedChart};
-use crate::inventory::Recorded;
-use crate::plan::{self, Found, FoundHook, Owner, Planned};
+use crate::hooks::HookEvent;
+use crate::plan::{self, DeployPlan, Entry, Found, FoundCopy, FoundHook, Live, LiveState, Owner};
 use crate::{Result, downstream};
 
 /// Default bound on a hook (Helm's `--timeout` default).
@@ -33,16 +36,18 @@ pub(crate) fn hook_timeout(bd: &BundleDeployment) -> Duration {
 
 /// What one observation found.
 pub(crate) struct Observation {
-    /// The plan's inputs.
+    /// The plan's inputs (the chart's are filled by [`crate::rendering::render`]).
     pub(crate) input: plan::Observed,
-    /// The inventory as read (`None`: none yet).
-    pub(crate) recorded: Option<Recorded>,
-    /// The chart's release, `<revision>/<deploymentID>` (recorded with the inventory).
-    pub(crate) chart_release: Option<String>,
+    /// The chart's revision this run renders (`None`: no chart).
+    pub(crate) revision: Option<u32>,
+    /// Where the copies (and the chart's release) go without fan-out.
+    pub(crate) copies_namespace: String,
     /// downstreamResources present but the copy feature is off on this agent.
     pub(crate) copy_feature_disabled: bool,
     /// How long a hook may run.
     pub(crate) hook_timeout: Duration,
+    /// The kinds this deployment writes, to watch for drift (started by the report step).
+    pub(crate) watch: Vec<ApiResource>,
 }
 
 /// Observes `bd` for owner `owner`; `pending` says a new deploymentID waits to be applied.
@@ -53,7 +58,6 @@ pub(crate) async fn observe(
     pending: bool,
     verified: &BTreeMap<String, String>,
 ) -> Result<Observation> {
-    let name = bd.name_any();
     let spec = &bd.spec;
     let opts = &spec.options;
     let default_ns = Some(opts.default_namespace.as_str()).filter(|d| !d.is_empty());
@@ -67,29 +71,31 @@ pub(crate) async fn observe(
         Ok(Some(set)) => set.iter().cloned().collect(),
         Ok(None) | Err(_) => vec![copies_ns.clone()],
     };
-    let mut copies: Vec<Planned> = Vec::new();
+    let mut watch = Vec::new();
+    let mut copies: Vec<FoundCopy> = Vec::new();
     if !copy_feature_disabled {
         let keep = opts.keep_resources;
         for entry in &opts.downstream_resources {
             if let Err(msg) = &fan_out {
                 let key = ObjectRef::new(entry.api_version(), &entry.kind, None, &entry.name);
-                copies.push(Err(ObjectStatus::new(
+                copies.push(FoundCopy::Planned(Err(ObjectStatus::new(
                     &key,
                     ObjectState::Error,
                     Some(msg.clone()),
-                )));
+                ))));
             } else if entry.is_carried() {
-                copies.extend(plan_carried(ctx, entry, &copy_namespaces, owner, keep).await);
+                copies.extend(carried(ctx, entry, &copy_namespaces, owner, &mut watch).await);
             } else {
                 for ns in &copy_namespaces {
-                    copies.push(ctx.copies.desired(entry, ns, owner, keep).await);
+                    let planned = ctx.copies.desired(entry, ns, owner, keep).await;
+                    copies.push(FoundCopy::Planned(planned));
                 }
             }
         }
     }
     let mut manifests: Vec<Found> = Vec::new();
     for m in &spec.resources {
-        manifests.push(find(ctx, m, owner).await);
+        manifests.push(find(ctx, m, &mut watch).await);
     }
     let recorded = ctx.read_inventory(owner).await?;
     // The release applied last is recorded `<revision>/<deploymentID>`; another deploymentID
@@ -102,73 +108,45 @@ pub(crate) async fn observe(
     });
     let upgrade = revision.is_some_and(|r| r > 1);
     let chart_release = revision.map(|r| format!("{r}/{}", spec.deployment_id));
-    // The chart's objects follow the inline manifests through the same path; a chart that
-    // cannot be rendered is one Error entry, which blocks pruning (nothing deployed goes away).
     let chart_from = manifests.len();
-    let mut crds: Vec<Found> = Vec::new();
-    let mut hooks: Vec<FoundHook> = Vec::new();
-    let mut chart_entry = None;
-    if let Some(helm) = &spec.helm {
-        let release = helm.release_name_or(&name);
-        let key = crate::helm::chart_key(helm, release, &copies_ns);
-        let sources = crate::helm::needed_sources(helm, &copies_ns);
-        let rendered = match crate::helm::pending_copy(&copies, &sources) {
-            // A copy the chart reads is on its way: wait for it (Missing), not a failure.
-            Some(waiting) => Err(ObjectStatus::new(
-                &key,
-                ObjectState::Missing,
-                Some(format!("waiting for {} to be copied", waiting.describe())),
-            )),
-            None => ctx
-                .charts
-                .render(
-                    &ctx.down,
-                    &name,
-                    helm,
-                    &copies_ns,
-                    revision.unwrap_or(1),
-                    &copies,
-                    ctx.config.policy.reads(&ctx.config.agent_namespace),
-                )
-                .await
-                .map_err(|failure| {
-                    tracing::warn!(bundle_deployment = %name, reason = failure.reason, "chart not rendered");
-                    ObjectStatus::new(&key, ObjectState::Error, Some(failure.to_string()))
-                }),
-        };
-        match rendered {
-            Err(entry) => chart_entry = Some(entry),
-            Ok(chart) => {
-                let RenderedChart {
-                    crds: chart_crds,
-                    objects,
-                    hooks: chart_hooks,
-                } = chart;
-                for m in &chart_crds {
-                    crds.push(find(ctx, m, owner).await);
-                }
-                for m in &objects {
-                    manifests.push(find(ctx, m, owner).await);
-                }
-                let (pre, post) = HookEvent::around(upgrade);
-                for event in [pre, post] {
-                    for hook in crate::hooks::ordered(&chart_hooks, event) {
-                        hooks.push(FoundHook {
-                            event,
-                            found: find(ctx, &hook.manifest, owner).await,
-                            delete: hook.delete,
-                            waits: hook.waits(),
-                        });
-                    }
-                }
-            }
-        }
-    }
-    let hook_timeout = hook_timeout(bd);
-    // `rolloutOnCopyChange` hashes what each workload consumes: the content hash of each copy
-    // the agent verified (`verified`, by copy name), since the spec carries none (decision
-    // 0089-signed-copies). Only the manifests' plan reads these; the copies above were
-    // verified by their signatures.
+    Ok(Observation {
+        input: plan::Observed {
+            pending,
+            run: spec.deployment_id.clone(),
+            owner: owner.clone(),
+            options: consumed_hashes(opts, verified),
+            fan_out: fan_out.ok().flatten(),
+            copies,
+            manifests,
+            chart_from,
+            chart_entry: None,
+            crds: Vec::new(),
+            hooks: Vec::new(),
+            upgrade,
+            previous: recorded
+                .as_ref()
+                .map(|r| r.objects.clone())
+                .unwrap_or_default(),
+            recorded: recorded.is_some(),
+            applied_release: recorded.as_ref().and_then(|r| r.chart_release.clone()),
+            release: chart_release,
+        },
+        revision,
+        copies_namespace: copies_ns,
+        copy_feature_disabled,
+        hook_timeout: hook_timeout(bd),
+        watch,
+    })
+}
+
+/// The options the manifests are planned with. `rolloutOnCopyChange` hashes what each
+/// workload consumes: the content hash of each copy the agent verified (`verified`, by copy
+/// name), since the spec carries none (decision 0089-signed-copies). Only the manifests' plan
+/// reads these; the copies were verified by their signatures.
+fn consumed_hashes(
+    opts: &BundleDeploymentOptions,
+    verified: &BTreeMap<String, String>,
+) -> BundleDeploymentOptions {
     let mut options = opts.clone();
     if options.rollout_on_copy_change {
         for entry in &mut options.downstream_resources {
@@ -179,30 +157,45 @@ pub(crate) async fn observe(
             }
         }
     }
-    Ok(Observation {
-        input: plan::Observed {
-            pending,
-            run: spec.deployment_id.clone(),
-            owner: owner.clone(),
-            options,
-            fan_out: fan_out.ok().flatten(),
-            copies,
-            manifests,
-            chart_from,
-            chart_entry,
-            crds,
-            hooks,
-            upgrade,
-            previous: recorded
-                .as_ref()
-                .map(|r| r.objects.clone())
-                .unwrap_or_default(),
+    options
+}
+
+/// The live object of every object `plan` applies: from the cache of managed objects, else
+/// the apiserver (absent, or not ours); why it cannot be read otherwise.
+pub(crate) async fn live(ctx: &Context, plan: &DeployPlan) -> LiveState {
+    let mut out = LiveState::new();
+    for phase in &plan.phases {
+        for entry in &phase.entries {
+            let Entry::Apply { desired, .. } = entry else {
+                continue;
+            };
+            if !out.contains_key(&desired.key) {
+                let found = live_object(ctx, &desired.key).await;
+                out.insert(desired.key.clone(), found);
+            }
+        }
+    }
+    out
+}
+
+async fn live_object(ctx: &Context, r: &ObjectRef) -> std::result::Result<Live, String> {
+    let (key, api) = ctx
+        .down
+        .locate(r)
+        .await
+        .map_err(|e| downstream::unresolved(&r.api_version, &r.kind, &e))?;
+    let object = match ctx.drift.cached(&key) {
+        Some(cached) => Some(serde_json::to_value(cached.as_ref()).unwrap_or_default()),
+        None => match api.get_opt(&r.name).await {
+            Ok(live) => live.map(|o| serde_json::to_value(o).unwrap_or_default()),
+            Err(e) => {
+                let msg = format!("cannot read: {}", error_text(&e, key.is_secret()));
+                let gone = is_not_found(&e);
+                return Err(crate::sync::unless_gone(ctx, r, &key, gone, msg).await);
+            }
         },
-        recorded,
-        chart_release,
-        copy_feature_disabled,
-        hook_timeout,
-    })
+    };
+    Ok(Live { key, object })
 }
 
 /// The hooks of `event` (`pre-delete`, `post-delete`) of the chart of `bd`, rendered as the
@@ -238,14 +231,16 @@ pub(crate) async fn removal_hooks(
         .await
         .map_err(|f| f.to_string())?;
     let mut hooks = Vec::new();
+    let mut watch = Vec::new();
     for hook in chart.hooks_of(event) {
         hooks.push(FoundHook {
             event,
-            found: find(ctx, &hook.manifest, owner).await,
+            found: find(ctx, &hook.manifest, &mut watch).await,
             delete: hook.delete,
             waits: hook.waits(),
         });
     }
+    start_watches(ctx, &owner.name, &watch);
     Ok(plan::removal_hook_entries(
         &hooks,
         opts,
@@ -283,62 +278,63 @@ fn fan_out_namespaces(
 
 static EMPTY: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
 
-/// The downstream objects for a source of any kind but Secret/ConfigMap: its kind must be
-/// served downstream (else `KindNotInstalled`), its carrier verified; one per fan-out
-/// namespace for a namespaced kind, once for a cluster-scoped one.
-// `Planned` carries an ObjectStatus as its error by design (it is the status to report).
-#[allow(clippy::result_large_err)]
-async fn plan_carried(
+/// Starts the drift watches of `kinds` for BundleDeployment `bd` (the report step's).
+pub(crate) fn start_watches(ctx: &Context, bd: &str, kinds: &[ApiResource]) {
+    for resource in kinds {
+        ctx.drift.ensure_for(resource, bd);
+    }
+}
+
+/// The carried objects of a source of any kind but Secret/ConfigMap: its kind must be served
+/// downstream (else `KindNotInstalled`), its carrier verified; one per fan-out namespace for a
+/// namespaced kind, once for a cluster-scoped one. Its kind is added to `watch`.
+async fn carried(
     ctx: &Context,
     entry: &tender_types::CopiedResource,
     copy_namespaces: &[String],
     owner: &Owner,
-    keep: bool,
-) -> Vec<Planned> {
+    watch: &mut Vec<ApiResource>,
+) -> Vec<FoundCopy> {
     let key = ObjectRef::new(entry.api_version(), &entry.kind, None, &entry.name);
     let (resource, namespaced) = match ctx.down.resolve(entry.api_version(), &entry.kind).await {
         Ok(found) => found,
         Err(e) => {
             let msg = downstream::unresolved(entry.api_version(), &entry.kind, &e);
-            return vec![Err(ObjectStatus::new(&key, ObjectState::Error, Some(msg)))];
+            let status = ObjectStatus::new(&key, ObjectState::Error, Some(msg));
+            return vec![FoundCopy::Planned(Err(status))];
         }
     };
-    ctx.drift.ensure_for(&resource, &owner.name);
+    watch.push(resource);
     let (object, signed_at) = match ctx.copies.carried(&owner.name, entry).await {
         Ok(found) => found,
-        Err(failure) => return vec![Err(failure.status(&key))],
+        Err(failure) => return vec![FoundCopy::Planned(Err(failure.status(&key)))],
     };
-    if namespaced {
-        copy_namespaces
-            .iter()
-            .map(|ns| {
-                Ok(plan::carried_copy(
-                    &object,
-                    entry,
-                    Some(ns),
-                    owner,
-                    keep,
-                    signed_at,
-                ))
-            })
-            .collect()
+    let namespaces: Vec<Option<String>> = if namespaced {
+        copy_namespaces.iter().cloned().map(Some).collect()
     } else {
-        vec![Ok(plan::carried_copy(
-            &object, entry, None, owner, keep, signed_at,
-        ))]
-    }
+        vec![None]
+    };
+    namespaces
+        .into_iter()
+        .map(|namespace| FoundCopy::Carried {
+            object: object.clone(),
+            entry: entry.clone(),
+            namespace,
+            signed_at,
+        })
+        .collect()
 }
 
-/// A manifest as observed: its kind discovered downstream (and watched for drift), or why it
+/// A manifest as observed: its kind discovered downstream (and added to `watch`), or why it
 /// cannot be (`KindNotInstalled`).
-async fn find(ctx: &Context, m: &Manifest, owner: &Owner) -> Found {
+pub(crate) async fn find(ctx: &Context, m: &Manifest, watch: &mut Vec<ApiResource>) -> Found {
     let (api_version, kind) = (
         m.api_version().unwrap_or_default(),
         m.kind().unwrap_or_default(),
     );
     let namespaced = match ctx.down.resolve(api_version, kind).await {
         Ok((resource, namespaced)) => {
-            ctx.drift.ensure_for(&resource, &owner.name);
+            watch.push(resource);
             Ok(namespaced)
         }
         Err(e) => Err(downstream::unresolved(api_version, kind, &e)),

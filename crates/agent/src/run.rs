@@ -114,6 +114,7 @@ pub(crate) async fn run(
             ctx.config.policy.clone(),
             ctx.config.agent_namespace.clone(),
         ),
+        (ctx.config.upstream_coalesce, ctx.config.upstream_retry),
         ctx.metrics.shared(),
         ctx.copies.stores(),
         store.clone(),
@@ -271,7 +272,7 @@ fn report_startup_failure(ctx: &Context, failure: &Failure, retry_in: std::time:
 /// every write moves. The status is this agent's own report (and the upstream reporter's
 /// entries): its echo would only run a reconcile that finds nothing to do, once per cluster
 /// and rotation.
-fn beyond_status(bd: &BundleDeployment) -> Option<u64> {
+pub(crate) fn beyond_status(bd: &BundleDeployment) -> Option<u64> {
     let mut meta = bd.metadata.clone();
     meta.resource_version = None;
     meta.managed_fields = None;

@@ -106,6 +106,99 @@ fn error_reason(errors: &[&ObjectStatus], fallback: &'static str) -> &'static st
         .unwrap_or(fallback)
 }
 
+/// The `ResourcesCopied` condition: whether, its reason and message.
+fn copied(
+    o: &Outcome,
+    copy_conflicts: &[&ObjectStatus],
+    copy_errors: &[&ObjectStatus],
+    copy_refused: &[&ObjectStatus],
+) -> (bool, &'static str, String) {
+    if o.copy_feature_disabled {
+        (
+            false,
+            reason::COPY_FEATURE_DISABLED,
+            "downstreamResources are ignored: EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM is off on this agent".to_string(),
+        )
+    } else if o.copies.is_empty() {
+        (true, reason::NO_RESOURCES_TO_COPY, String::new())
+    } else if !copy_conflicts.is_empty() {
+        (false, reason::CONFLICT, summarize(copy_conflicts))
+    } else if !copy_errors.is_empty() {
+        (
+            false,
+            error_reason(copy_errors, reason::COPY_FAILED),
+            summarize(copy_errors),
+        )
+    } else if !copy_refused.is_empty() {
+        (false, reason::REFUSED_BY_POLICY, summarize(copy_refused))
+    } else {
+        let missing = with_state(&o.copies, &[ObjectState::Missing]);
+        if missing.is_empty() || o.applied_id.as_deref() == Some(&o.deployment_id) {
+            (
+                true,
+                reason::RESOURCES_COPIED,
+                format!("{} copies in place", o.copies.len()),
+            )
+        } else {
+            (false, reason::COPY_FAILED, summarize(&missing))
+        }
+    }
+}
+
+/// The `Deployed` condition's reason and message (it is true when `applied`).
+fn deployed(
+    prev: Option<&BundleDeploymentStatus>,
+    o: &Outcome,
+    applied: bool,
+    conflicts: &[&ObjectStatus],
+    copy_errors: &[&ObjectStatus],
+    errors: &[&ObjectStatus],
+) -> (&'static str, String) {
+    if applied {
+        let mut message = format!("deployment {} applied", short(&o.deployment_id));
+        if !o.corrected.is_empty() {
+            let restored: Vec<String> = o.corrected.iter().map(ToString::to_string).collect();
+            message.push_str(&format!(
+                "; restored after downstream drift: {}",
+                restored.join(", ")
+            ));
+        } else if let Some(c) = prev
+            .filter(|p| {
+                p.applied_copies_id
+                    .as_ref()
+                    .or(p.applied_deployment_id.as_ref())
+                    == o.applied_id.as_ref()
+            })
+            .and_then(|p| find_condition(&p.conditions, TYPE_DEPLOYED))
+            .filter(|c| c.reason == reason::DEPLOYED)
+        {
+            // Keep the last drift note until the next deployment, so it stays visible.
+            message = c.message.clone();
+        }
+        (reason::DEPLOYED, message)
+    } else if o.paused {
+        (reason::PAUSED, "BundleDeployment is paused".to_string())
+    } else if !conflicts.is_empty() {
+        (reason::CONFLICT, summarize(conflicts))
+    } else if !copy_errors.is_empty() || !with_state(&o.copies, &[ObjectState::Missing]).is_empty()
+    {
+        (
+            error_reason(copy_errors, reason::COPY_FAILED),
+            "waiting for every copy to be in place before applying manifests".to_string(),
+        )
+    } else if !errors.is_empty() {
+        (
+            error_reason(errors, reason::APPLY_FAILED),
+            summarize(errors),
+        )
+    } else {
+        (
+            reason::WAIT_APPLIED,
+            format!("deployment {} not applied yet", short(&o.deployment_id)),
+        )
+    }
+}
+
 /// The status to write, starting from `prev` (conditions keep their transition times).
 pub fn compute(
     prev: Option<&BundleDeploymentStatus>,
@@ -143,59 +236,8 @@ pub fn compute(
         .collect();
 
     // ResourcesCopied
-    if o.copy_feature_disabled {
-        set(
-            TYPE_RESOURCES_COPIED,
-            false,
-            reason::COPY_FEATURE_DISABLED,
-            "downstreamResources are ignored: EXPERIMENTAL_COPY_RESOURCES_DOWNSTREAM is off on this agent",
-        );
-    } else if o.copies.is_empty() {
-        set(
-            TYPE_RESOURCES_COPIED,
-            true,
-            reason::NO_RESOURCES_TO_COPY,
-            "",
-        );
-    } else if !copy_conflicts.is_empty() {
-        set(
-            TYPE_RESOURCES_COPIED,
-            false,
-            reason::CONFLICT,
-            &summarize(&copy_conflicts),
-        );
-    } else if !copy_errors.is_empty() {
-        set(
-            TYPE_RESOURCES_COPIED,
-            false,
-            error_reason(&copy_errors, reason::COPY_FAILED),
-            &summarize(&copy_errors),
-        );
-    } else if !copy_refused.is_empty() {
-        set(
-            TYPE_RESOURCES_COPIED,
-            false,
-            reason::REFUSED_BY_POLICY,
-            &summarize(&copy_refused),
-        );
-    } else {
-        let missing = with_state(&o.copies, &[ObjectState::Missing]);
-        if missing.is_empty() || o.applied_id.as_deref() == Some(&o.deployment_id) {
-            set(
-                TYPE_RESOURCES_COPIED,
-                true,
-                reason::RESOURCES_COPIED,
-                &format!("{} copies in place", o.copies.len()),
-            );
-        } else {
-            set(
-                TYPE_RESOURCES_COPIED,
-                false,
-                reason::COPY_FAILED,
-                &summarize(&missing),
-            );
-        }
-    }
+    let (ok, copied_reason, message) = copied(o, &copy_conflicts, &copy_errors, &copy_refused);
+    set(TYPE_RESOURCES_COPIED, ok, copied_reason, &message);
 
     let all: Vec<ObjectStatus> = o.copies.iter().chain(&o.manifests).cloned().collect();
     let conflicts = with_state(&all, &conflict_states);
@@ -206,49 +248,8 @@ pub fn compute(
     let applied = o.applied_id.as_deref() == Some(o.deployment_id.as_str());
 
     // Deployed
-    let (deployed_reason, deployed_message) = if applied {
-        let mut message = format!("deployment {} applied", short(&o.deployment_id));
-        if !o.corrected.is_empty() {
-            let restored: Vec<String> = o.corrected.iter().map(ToString::to_string).collect();
-            message.push_str(&format!(
-                "; restored after downstream drift: {}",
-                restored.join(", ")
-            ));
-        } else if let Some(c) = prev
-            .filter(|p| {
-                p.applied_copies_id
-                    .as_ref()
-                    .or(p.applied_deployment_id.as_ref())
-                    == o.applied_id.as_ref()
-            })
-            .and_then(|p| find_condition(&p.conditions, TYPE_DEPLOYED))
-            .filter(|c| c.reason == reason::DEPLOYED)
-        {
-            // Keep the last drift note until the next deployment, so it stays visible.
-            message = c.message.clone();
-        }
-        (reason::DEPLOYED, message)
-    } else if o.paused {
-        (reason::PAUSED, "BundleDeployment is paused".to_string())
-    } else if !conflicts.is_empty() {
-        (reason::CONFLICT, summarize(&conflicts))
-    } else if !copy_errors.is_empty() || !with_state(&o.copies, &[ObjectState::Missing]).is_empty()
-    {
-        (
-            error_reason(&copy_errors, reason::COPY_FAILED),
-            "waiting for every copy to be in place before applying manifests".to_string(),
-        )
-    } else if !errors.is_empty() {
-        (
-            error_reason(&errors, reason::APPLY_FAILED),
-            summarize(&errors),
-        )
-    } else {
-        (
-            reason::WAIT_APPLIED,
-            format!("deployment {} not applied yet", short(&o.deployment_id)),
-        )
-    };
+    let (deployed_reason, deployed_message) =
+        deployed(prev, o, applied, &conflicts, &copy_errors, &errors);
     set(TYPE_DEPLOYED, applied, deployed_reason, &deployed_message);
 
     // Ready

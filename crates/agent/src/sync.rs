@@ -1,11 +1,13 @@
-//! One object downstream: observe it, let [`plan::object_plan`] decide, hand the operations to
-//! the executor, and report the object's state. Also the namespaces objects land in.
+//! One object downstream: carry out the operations the plan decided for it
+//! ([`plan::decide`]) and judge the object the apiserver returned. Also the namespaces objects
+//! land in.
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::Api;
+use kube::discovery::ApiResource;
 use kube::runtime::reflector::ObjectRef as KubeRef;
 use serde_json::Value;
-use tender_runtime::reconcile::{error_text, is_not_found};
+use tender_runtime::reconcile::error_text;
 use tender_runtime::{Executor, ObjectKey, Op};
 use tender_types::{ObjectRef, ObjectState, ObjectStatus};
 
@@ -13,77 +15,24 @@ use tender_types::conditions::reason;
 
 use crate::context::Context;
 use crate::downstream::{self, message};
-use crate::plan::{self, Desired, Mode, ObjectPlan, Owner};
+use crate::plan::{self, Write};
 
-/// Why the existing object `live` may not be adopted: only an unmanaged one is ever adopted,
-/// and never one of tender's own.
-fn adoption_refusal(ctx: &Context, d: &Desired, owner: &Owner, live: &Value) -> Option<String> {
-    let meta = |field: &str| -> Option<std::collections::BTreeMap<String, String>> {
-        serde_json::from_value(live["metadata"][field].clone()).unwrap_or_default()
-    };
-    (plan::ownership(meta("annotations").as_ref(), owner) == plan::Ownership::Unowned)
-        .then(|| {
-            crate::policy::Policy::adoption_refusal(
-                &d.key,
-                meta("labels").as_ref(),
-                &ctx.config.agent_namespace,
-            )
-        })
-        .flatten()
-}
-
-/// Brings one object in line with `d` (or reports why not) and returns its state; an object
-/// restored after drift is added to `corrected`.
-pub(crate) async fn sync_object(
+/// Carries out the operations decided for one object and returns its state; an object
+/// restored after drift is added to `corrected`, its kind to `watch` (for the report step).
+pub(crate) async fn write_object(
     ctx: &Context,
     writer: &Executor,
-    d: &Desired,
-    owner: &Owner,
-    mode: Mode,
+    w: &Write,
     corrected: &mut Vec<ObjectRef>,
+    watch: &mut Vec<ApiResource>,
 ) -> ObjectStatus {
-    let error = |msg: String| ObjectStatus::new(&d.key, ObjectState::Error, Some(msg));
-    let (key, api) = match ctx.down.locate(&d.key).await {
-        Ok(x) => x,
-        Err(e) => return error(downstream::unresolved(&d.key.api_version, &d.key.kind, &e)),
-    };
-    // Observe: the cache of managed objects, else the apiserver (absent, or not ours).
-    let live = match ctx.drift.cached(&key) {
-        Some(cached) => Some(serde_json::to_value(cached.as_ref()).unwrap_or_default()),
-        None => match api.get_opt(&d.key.name).await {
-            Ok(live) => live.map(|o| serde_json::to_value(o).unwrap_or_default()),
-            Err(e) => {
-                let msg = format!("cannot read: {}", error_text(&e, key.is_secret()));
-                return error(unless_gone(ctx, d, &key, is_not_found(&e), msg).await);
-            }
-        },
-    };
-    // takeOwnership never adopts tender's own objects, whatever the policy flags
-    // (decision 0078-tenders-own-objects-and-protected-namespaces).
-    if mode.take_ownership
-        && let Some(live) = &live
-        && let Some(why) = adoption_refusal(ctx, d, owner, live)
-    {
-        return error(why);
-    }
-    let (ops, corrects_drift) = match plan::object_plan(d, &key, live.as_ref(), owner, mode) {
-        ObjectPlan::Settled { state, message } => {
-            match state {
-                ObjectState::Conflict => ctx.metrics.conflict(),
-                ObjectState::Missing | ObjectState::Modified => ctx.metrics.drift(false),
-                _ => {}
-            }
-            return ObjectStatus::new(&d.key, state, message);
-        }
-        ObjectPlan::Write {
-            ops,
-            corrects_drift,
-        } => (ops, corrects_drift),
-    };
+    let d = &w.desired;
     let mut applied: Option<Value> = None;
     let mut wrote = false;
-    for op in ops {
+    let mut key = None;
+    for op in w.ops.iter().cloned() {
         let action = action(&op);
+        let op_key = op.key().cloned();
         match writer.execute(op).await {
             Ok(outcome) => {
                 wrote |= outcome.wrote;
@@ -96,29 +45,47 @@ pub(crate) async fn sync_object(
                     .object
                     .map(|o| serde_json::to_value(o).unwrap_or_default())
                     .or(applied);
+                key = key.or(op_key);
             }
-            Err(e) => return error(unless_gone(ctx, d, &key, e.is_not_found(), message(&e)).await),
+            Err(e) => {
+                let msg = message(&e);
+                let msg = match op_key {
+                    Some(k) => unless_gone(ctx, &d.key, &k, e.is_not_found(), msg).await,
+                    None => msg,
+                };
+                return ObjectStatus::new(&d.key, ObjectState::Error, Some(msg));
+            }
         }
     }
     // A write the memo skipped restored nothing: the cache only had not yet seen our own last
     // write (a rotation's, under a slow watch), so it is not reported as drift.
-    if corrects_drift && wrote {
+    if w.corrects_drift && wrote {
         ctx.metrics.drift(true);
         corrected.push(d.key.clone());
         tracing::info!(object = %d.key, "restored after downstream drift");
     }
-    ctx.drift.ensure(&key.resource);
+    watch.extend(key.map(|k| k.resource));
     // A write the executor skipped is judged on what the cache shows, else on the desired
     // body, always as its kind ([`plan::judge`]).
-    let (state, message) = plan::judge(applied.or(live), d);
+    let (state, message) = plan::judge(applied.or_else(|| w.live.clone()), d);
     ObjectStatus::new(&d.key, state, message)
+}
+
+/// Counts a state decided without a write (conflict, drift left alone) and returns it.
+pub(crate) fn settled(ctx: &Context, status: &ObjectStatus) -> ObjectStatus {
+    match status.state {
+        ObjectState::Conflict => ctx.metrics.conflict(),
+        ObjectState::Missing | ObjectState::Modified => ctx.metrics.drift(false),
+        _ => {}
+    }
+    status.clone()
 }
 
 /// `msg`, unless the request failed with a 404 because the kind is no longer served (its CRD
 /// removed): then discovery is asked again and the message says `KindNotInstalled`.
-async fn unless_gone(
+pub(crate) async fn unless_gone(
     ctx: &Context,
-    d: &Desired,
+    r: &ObjectRef,
     key: &ObjectKey,
     not_found: bool,
     msg: String,
@@ -126,12 +93,12 @@ async fn unless_gone(
     if !not_found {
         return msg;
     }
-    ctx.down.forget(&d.key.api_version, &d.key.kind);
-    match ctx.down.resolve(&d.key.api_version, &d.key.kind).await {
+    ctx.down.forget(&r.api_version, &r.kind);
+    match ctx.down.resolve(&r.api_version, &r.kind).await {
         Err(gone) if downstream::not_installed(&gone) => {
             // The object went with its kind: our last write of it must not skip the next.
             ctx.down_writer.memo().forget(key);
-            downstream::unresolved(&d.key.api_version, &d.key.kind, &gone)
+            downstream::unresolved(&r.api_version, &r.kind, &gone)
         }
         _ => msg,
     }

@@ -213,7 +213,8 @@ impl<F: std::future::Future<Output = Result<(), E>>, E> ReadyNow for F {
     }
 }
 
-/// Runs the agent's reverse sync until `shutdown`.
+/// Runs the agent's reverse sync until `shutdown`: a burst of events within `coalesce` is one
+/// pass; a failed pass is tried again after `retry`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn run(
     hub: Client,
@@ -221,6 +222,7 @@ pub(crate) async fn run(
     cluster_ns: String,
     identity: String,
     (policy, agent_namespace): (Policy, String),
+    (coalesce, retry): (Duration, Duration),
     metrics: Arc<Metrics>,
     placeholders: (Store<Secret>, Store<ConfigMap>),
     bds: Store<BundleDeployment>,
@@ -251,7 +253,7 @@ pub(crate) async fn run(
             () = &mut shutdown => break,
         }
         // Coalesce a burst of events into one pass.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(coalesce).await;
         while pings.try_recv().is_ok() {}
         let failed = pass(
             &exec,
@@ -267,7 +269,7 @@ pub(crate) async fn run(
         if failed {
             let ping = ping.clone();
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                tokio::time::sleep(retry).await;
                 let _ = ping.unbounded_send(());
             });
         }
@@ -280,18 +282,12 @@ pub(crate) async fn run(
     }
 }
 
-/// One pass over every placeholder; returns whether something failed (retried shortly).
-#[allow(clippy::too_many_arguments)]
-async fn pass(
-    exec: &Executor,
-    downstream: &Client,
+/// The placeholders of cluster namespace `cluster_ns` in the caches: (metadata, live JSON).
+fn placeholders(
     cluster_ns: &str,
-    reads: Reads<'_>,
-    (secrets, config_maps): &(Store<Secret>, Store<ConfigMap>),
-    bds: &Store<BundleDeployment>,
-    watches: &mut Watches,
-    ping: &UnboundedSender<()>,
-) -> bool {
+    secrets: &Store<Secret>,
+    config_maps: &Store<ConfigMap>,
+) -> Vec<(ObjectMeta, Value)> {
     let is_placeholder =
         |m: &ObjectMeta| m.namespace.as_deref() == Some(cluster_ns) && upstream::is_placeholder(m);
     // (placeholder meta, live placeholder JSON)
@@ -312,6 +308,82 @@ async fn pass(
             ));
         }
     }
+    found
+}
+
+/// Stops the watches of objects no placeholder names any more.
+fn unwatch(watches: &mut Watches, wanted: &[Source]) {
+    watches.secrets.retain(|(ns, name), (_, h)| {
+        let keep = wanted.contains(&("Secret".into(), ns.clone(), name.clone()));
+        if !keep {
+            h.abort();
+        }
+        keep
+    });
+    watches.config_maps.retain(|(ns, name), (_, h)| {
+        let keep = wanted.contains(&("ConfigMap".into(), ns.clone(), name.clone()));
+        if !keep {
+            h.abort();
+        }
+        keep
+    });
+}
+
+/// Writes each BundleDeployment's `status.upstream` that changed; whether a write failed.
+async fn write_reports(
+    exec: &Executor,
+    cluster_ns: &str,
+    bds: &Store<BundleDeployment>,
+    reports: BTreeMap<String, Vec<UpstreamObjectStatus>>,
+) -> bool {
+    let mut failed = false;
+    for (bd_name, mut lines) in reports {
+        lines.sort_by(|a, b| {
+            (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name))
+        });
+        let Some(bd) = bds.get(&KubeRef::new(&bd_name).within(cluster_ns)) else {
+            continue;
+        };
+        let old = bd
+            .status
+            .as_ref()
+            .map(|s| s.upstream.clone())
+            .unwrap_or_default();
+        if old == lines {
+            continue;
+        }
+        let op = Op::ApplyStatus(Apply {
+            key: ObjectKey::of::<BundleDeployment>(Some(cluster_ns), &bd_name),
+            body: json!({
+                "apiVersion": tender_types::API_GROUP_VERSION,
+                "kind": "BundleDeployment",
+                "metadata": { "name": bd_name },
+                "status": { "upstream": lines },
+            }),
+            replace_if_immutable: false,
+            fingerprint: None,
+        });
+        if let Err(error) = exec.execute(op).await {
+            failed = true;
+            tracing::warn!(%error, bundle_deployment = %bd_name, "writing status.upstream failed; retrying");
+        }
+    }
+    failed
+}
+
+/// One pass over every placeholder; returns whether something failed (retried shortly).
+#[allow(clippy::too_many_arguments)]
+async fn pass(
+    exec: &Executor,
+    downstream: &Client,
+    cluster_ns: &str,
+    reads: Reads<'_>,
+    (secrets, config_maps): &(Store<Secret>, Store<ConfigMap>),
+    bds: &Store<BundleDeployment>,
+    watches: &mut Watches,
+    ping: &UnboundedSender<()>,
+) -> bool {
+    let found = placeholders(cluster_ns, secrets, config_maps);
     let mut wanted: Vec<Source> = Vec::new();
     let mut failed = false;
     let mut reports: BTreeMap<String, Vec<UpstreamObjectStatus>> = BTreeMap::new();
@@ -438,51 +510,8 @@ async fn pass(
         }
     }
     // Stop watching objects no placeholder names any more.
-    watches.secrets.retain(|(ns, name), (_, h)| {
-        let keep = wanted.contains(&("Secret".into(), ns.clone(), name.clone()));
-        if !keep {
-            h.abort();
-        }
-        keep
-    });
-    watches.config_maps.retain(|(ns, name), (_, h)| {
-        let keep = wanted.contains(&("ConfigMap".into(), ns.clone(), name.clone()));
-        if !keep {
-            h.abort();
-        }
-        keep
-    });
-    for (bd_name, mut lines) in reports {
-        lines.sort_by(|a, b| {
-            (&a.kind, &a.namespace, &a.name).cmp(&(&b.kind, &b.namespace, &b.name))
-        });
-        let Some(bd) = bds.get(&KubeRef::new(&bd_name).within(cluster_ns)) else {
-            continue;
-        };
-        let old = bd
-            .status
-            .as_ref()
-            .map(|s| s.upstream.clone())
-            .unwrap_or_default();
-        if old == lines {
-            continue;
-        }
-        let op = Op::ApplyStatus(Apply {
-            key: ObjectKey::of::<BundleDeployment>(Some(cluster_ns), &bd_name),
-            body: json!({
-                "apiVersion": tender_types::API_GROUP_VERSION,
-                "kind": "BundleDeployment",
-                "metadata": { "name": bd_name },
-                "status": { "upstream": lines },
-            }),
-            replace_if_immutable: false,
-            fingerprint: None,
-        });
-        if let Err(error) = exec.execute(op).await {
-            failed = true;
-            tracing::warn!(%error, bundle_deployment = %bd_name, "writing status.upstream failed; retrying");
-        }
-    }
+    unwatch(watches, &wanted);
+    failed |= write_reports(exec, cluster_ns, bds, reports).await;
     failed
 }
 

@@ -142,6 +142,8 @@ pub(crate) struct Ctx {
     pub keys: std::sync::RwLock<Arc<crate::signing::HubKeys>>,
     /// Cluster namespace → hash of the key chain published there.
     pub published_chains: Mutex<HashMap<String, String>>,
+    /// Where every reconciler of this scope reads the time (a virtual clock in tests).
+    pub clock: crate::clock::Clock,
 }
 
 impl Ctx {

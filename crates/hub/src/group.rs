@@ -4,7 +4,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, Time};
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use tender_types::cluster_group::MAX_NON_READY_CLUSTERS;
@@ -140,7 +139,7 @@ pub(crate) async fn reconcile(group: Arc<ClusterGroup>, ctx: Arc<Ctx>) -> Result
         &group.spec.selector,
         &members,
         group.metadata.generation,
-        Time(Timestamp::now()),
+        Time(ctx.clock.now()),
     );
     let desired =
         tender_types::hash::value_hash(&serde_json::to_value(&status).unwrap_or_default());
@@ -173,6 +172,7 @@ pub(crate) fn error_policy(group: Arc<ClusterGroup>, error: &Error, ctx: Arc<Ctx
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+    use k8s_openapi::jiff::Timestamp;
 
     fn at(secs: i64) -> Time {
         Time(Timestamp::from_second(secs).unwrap())

@@ -19,6 +19,7 @@
 
 pub mod bundle;
 mod caches;
+mod clock;
 pub mod cluster;
 mod context;
 pub mod group;
@@ -30,6 +31,8 @@ pub mod signing;
 mod slim;
 pub mod sources;
 mod summary;
+#[cfg(test)]
+mod testing;
 mod triggers;
 pub mod upstream;
 mod watch;

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -64,7 +63,7 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, pc: Arc<PollCtx>) -> Result<A
         bundle.status.as_ref(),
         report.as_ref(),
         bundle.metadata.generation,
-        Time(Timestamp::now()),
+        Time(ctx.clock.now()),
     );
     if old != new {
         write(&pc.exec, ctx, bundle, &new).await?;

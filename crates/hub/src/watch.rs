@@ -132,6 +132,7 @@ fn scope_controllers(
         poller: crate::helm_poll::Poller::new(),
         keys: std::sync::RwLock::new(keys),
         published_chains: Mutex::default(),
+        clock: crate::clock::Clock::System,
     });
     let (feeds, inputs) = feeds(&ctx, events);
 

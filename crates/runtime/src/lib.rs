@@ -37,6 +37,8 @@
 
 pub mod client;
 pub mod executor;
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod impersonate;
 pub mod kubeconfig;
 pub mod leader;

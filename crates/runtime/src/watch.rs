@@ -5,7 +5,7 @@
 //! then re-lists, but it also yields the 410 as an error, and every caller's backoff takes a
 //! step on it. After an outage that step is the largest of all (the backoff grew while the
 //! apiserver was away, up to 30 s), so a watch that just reconnected waited once more before
-//! re-listing — a 60 s hub apiserver outage took 64 s to catch up (`e2e/tests/faults.rs`).
+//! re-listing — a 60 s hub apiserver outage took 64 s to catch up (`e2e/tests/suite/faults.rs`).
 //! A 410 is the apiserver's normal "list again", not a failure: it is dropped here, so the
 //! re-list happens on the next poll and the backoff only sees real errors.
 

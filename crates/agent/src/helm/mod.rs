@@ -12,7 +12,6 @@ mod oci;
 mod render;
 mod revision;
 mod schema;
-mod tls;
 mod values;
 
 pub use cache::{CacheEntry, evictions};
@@ -39,6 +38,8 @@ use tender_types::conditions::reason;
 use tender_types::hash::value_hash;
 use tender_types::{HelmOptions, ObjectRef};
 
+use tender_chartrepo::{Http, Trust};
+
 use crate::config::ChartLimits;
 use crate::downstream::Downstream;
 use crate::hooks::RenderedChart;
@@ -51,29 +52,8 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_TRUSTED_CLIENTS: usize = 64;
 
 /// Why a chart could not be rendered: a stable reason (docs/troubleshooting.md) and a message
-/// that never quotes values or credentials.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChartFailure {
-    /// One of the `Chart*`/`Values*` reasons of [`tender_types::conditions::reason`].
-    pub reason: &'static str,
-    /// What failed and what to do.
-    pub message: String,
-}
-
-impl ChartFailure {
-    pub(crate) fn new(reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            reason,
-            message: message.into(),
-        }
-    }
-}
-
-impl std::fmt::Display for ChartFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: {}", self.reason, self.message)
-    }
-}
+/// that never quotes values or credentials (the chart-repository client's failure).
+pub use tender_chartrepo::Failure as ChartFailure;
 
 /// The status key of a chart that cannot be rendered (it stands for all its objects).
 pub fn chart_key(helm: &HelmOptions, release: &str, namespace: &str) -> ObjectRef {
@@ -92,36 +72,43 @@ pub fn chart_key(helm: &HelmOptions, release: &str, namespace: &str) -> ObjectRe
 pub(crate) struct Charts {
     helm: PathBuf,
     cache: cache::Cache,
-    http: fetch::Http,
+    http: Http,
     /// The system roots, and the clients of deployments with their own trust, by its key
     /// (decision 0106-chart-repository-tls).
-    roots: rustls::RootCertStore,
-    trusted: Mutex<HashMap<String, fetch::Http>>,
+    roots: tender_chartrepo::RootCertStore,
+    trusted: Mutex<HashMap<String, Http>>,
     limits: ChartLimits,
     schemas_checked: Mutex<HashSet<PathBuf>>,
     renders: Mutex<HashMap<String, (String, RenderedChart)>>,
+    /// In-process tests: what a chart (by name) renders to, instead of fetching it and
+    /// running helm.
+    #[cfg(test)]
+    prerendered: Mutex<HashMap<String, Result<RenderedChart, ChartFailure>>>,
 }
 
 impl Charts {
     pub(crate) fn new(helm: PathBuf, cache_dir: PathBuf, limits: ChartLimits) -> Self {
-        let roots = tls::system_roots();
+        let roots = tender_chartrepo::system_roots();
         Self {
             helm,
             cache: cache::Cache::new(cache_dir, limits.cache_max_bytes),
-            http: fetch::Http::new(
+            http: Http::new(
+                fetch::AGENT,
                 limits.redirect_hosts.clone(),
-                tls::Trust::default().client_config(&roots),
+                Trust::default().client_config(&roots),
             ),
             roots,
             trusted: Mutex::new(HashMap::new()),
             limits,
             schemas_checked: Mutex::new(HashSet::new()),
             renders: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            prerendered: Mutex::new(HashMap::new()),
         }
     }
 
     /// The client for a chart source with `trust` (built once per trust; a few at most).
-    fn http_for(&self, trust: &tls::Trust) -> fetch::Http {
+    fn http_for(&self, trust: &Trust) -> Http {
         if trust.is_system() {
             return self.http.clone();
         }
@@ -132,7 +119,8 @@ impl Charts {
         clients
             .entry(trust.key())
             .or_insert_with(|| {
-                fetch::Http::new(
+                Http::new(
+                    fetch::AGENT,
                     self.limits.redirect_hosts.clone(),
                     trust.client_config(&self.roots),
                 )
@@ -183,6 +171,15 @@ impl Charts {
         copies: &[Planned],
         reads: Reads<'_>,
     ) -> Result<RenderedChart, ChartFailure> {
+        #[cfg(test)]
+        if let Some(rendered) = self
+            .prerendered
+            .lock()
+            .expect("prerendered")
+            .get(&helm.chart)
+        {
+            return rendered.clone();
+        }
         let timeout = helm
             .timeout_seconds
             .map(|s| Duration::from_secs(u64::from(s)))
@@ -197,7 +194,7 @@ impl Charts {
         }
         let merged = merge_sources(helm, namespace, &found)?;
         let auth = values::credentials(helm, namespace, &found)?;
-        let trust = tls::Trust::new(
+        let trust = Trust::new(
             values::cacerts(helm, namespace, &found),
             helm.insecure_skip_tls_verify,
         )?;
@@ -218,11 +215,9 @@ impl Charts {
         let http = self.http_for(&trust);
         let work = async {
             let chart = if helm.is_oci() {
-                http.fetch_oci(&self.cache, helm, auth.as_ref(), &self.limits)
-                    .await?
+                oci::fetch_oci(&http, &self.cache, helm, auth.as_ref(), &self.limits).await?
             } else {
-                http.fetch_chart(&self.cache, helm, auth.as_ref(), &self.limits)
-                    .await?
+                fetch::fetch_chart(&http, &self.cache, helm, auth.as_ref(), &self.limits).await?
             };
             self.check_schemas(&chart, &helm.chart).await?;
             // A later revision renders from a copy whose templates say so
@@ -290,6 +285,15 @@ impl Charts {
             .expect("render memo")
             .insert(bd.to_string(), (memo_key, objects.clone()));
         Ok(objects)
+    }
+
+    /// In-process tests: chart `chart` renders to `rendered` (or fails so) from now on.
+    #[cfg(test)]
+    pub(crate) fn prerender(&self, chart: &str, rendered: Result<RenderedChart, ChartFailure>) {
+        self.prerendered
+            .lock()
+            .expect("prerendered")
+            .insert(chart.to_string(), rendered);
     }
 
     /// Forgets the render of a deleted BundleDeployment.

@@ -1,21 +1,25 @@
 //! Pure decisions of the agent, callable without a cluster: the desired downstream objects of a
 //! BundleDeployment, who owns an existing object, what to prune and how to strip tender's
-//! metadata; and in [`object`], what to do about one object (the operations handed to the
-//! executor, see [`object_plan`]).
+//! metadata; in [`object`], what to do about one object (the operations handed to the
+//! executor, see [`object_plan`]); and [`decide`], every object of a deployment's phases
+//! decided from its observed live object.
 
 pub mod consumers;
+mod decide;
 mod object;
 mod phases;
 mod workload;
 
+pub use decide::{Live, LiveState, Modes, Write, decide, decide_object};
 pub use object::{
     Mode, NamespaceMeta, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, judge,
     namespace_op, needs_recreate, object_plan, readiness,
 };
 pub use phases::{
-    DeployPlan, Entry, Found, FoundHook, HOOK_RUN, HookProgress, HookStep, Observed, Phase,
-    PlannedPhase, failed_hooks, finished, gate, hook_object, hook_progress, in_place, not_started,
-    plan as deployment_plan, removal_hooks as removal_hook_entries, run_marker,
+    DeployPlan, Entry, Found, FoundCopy, FoundHook, HOOK_RUN, HookProgress, HookStep,
+    InventoryWrite, Observed, Phase, PlannedPhase, failed_hooks, finished, gate, hook_object,
+    hook_progress, in_place, inventory_write, may_prune, not_started, plan as deployment_plan,
+    removal_hooks as removal_hook_entries, run_marker,
 };
 
 use std::collections::{BTreeMap, BTreeSet};

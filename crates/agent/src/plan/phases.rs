@@ -91,6 +91,11 @@ pub enum Entry {
     },
     /// Run a hook.
     Hook(HookStep),
+    /// An `Apply` decided from the live object: nothing to write, the object's state is known
+    /// (in sync, a conflict, drift left alone, refused adoption, unreadable).
+    Settled(ObjectStatus),
+    /// An `Apply` decided from the live object: these operations.
+    Write(super::Write),
 }
 
 impl Entry {
@@ -126,6 +131,8 @@ impl Entry {
             Self::Report(s) => s.object(),
             Self::Apply { desired, .. } => desired.key.clone(),
             Self::Hook(h) => h.desired.key.clone(),
+            Self::Settled(s) => s.object(),
+            Self::Write(w) => w.desired.key.clone(),
         }
     }
 }
@@ -153,6 +160,43 @@ pub struct DeployPlan {
     pub phases: Vec<PlannedPhase>,
     /// Recorded objects no longer desired: removed once every phase is in place.
     pub prune: Vec<ObjectRef>,
+    /// The first phase, `record`: the inventory written before anything is created (`None`:
+    /// the recorded one already lists every object of this run).
+    pub record_write: Option<InventoryWrite>,
+    /// The last phase, `prune`, once every other is in place ([`may_prune`]): `prune` removed
+    /// (the last recorded first; kept with `keepResources`), then the inventory narrowed to
+    /// `desired` with this run's chart release (`None`: it already says so).
+    pub final_write: Option<InventoryWrite>,
+    /// `keepResources`: pruning only strips tender's metadata.
+    pub keep: bool,
+}
+
+/// The content of one inventory write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InventoryWrite {
+    /// The objects recorded.
+    pub objects: Vec<ObjectRef>,
+    /// The chart release recorded (`<revision>/<deploymentID>`).
+    pub release: Option<String>,
+}
+
+/// The inventory write that makes the recorded inventory (`recorded`: objects and release;
+/// `None`: there is none yet) say `objects` and `release`; `None` when it already does.
+pub fn inventory_write(
+    recorded: Option<(&[ObjectRef], Option<&str>)>,
+    objects: &[ObjectRef],
+    release: Option<&str>,
+) -> Option<InventoryWrite> {
+    let same = recorded.is_some_and(|(o, r)| o == objects && r == release);
+    (!same).then(|| InventoryWrite {
+        objects: objects.to_vec(),
+        release: release.map(str::to_string),
+    })
+}
+
+/// Whether the prune phase runs: every entry of every phase run before is in place.
+pub fn may_prune(done: &[(Phase, Vec<ObjectStatus>)]) -> bool {
+    done.iter().flat_map(|(_, s)| s).all(in_place)
 }
 
 /// A manifest as observed: its kind's scope from discovery (`Err`: why it cannot be applied,
@@ -163,6 +207,49 @@ pub struct Found {
     pub manifest: Manifest,
     /// Whether its kind is namespaced downstream.
     pub namespaced: Result<bool, String>,
+}
+
+/// A copy as observed: planned from the hub's verified Secret or ConfigMap, or an object of
+/// another kind carried by a verified carrier (planned here, [`super::carried_copy`]).
+#[derive(Clone, Debug)]
+pub enum FoundCopy {
+    /// A Secret or ConfigMap copy (or why it cannot be made).
+    Planned(Planned),
+    /// A carried object for one namespace (`None`: cluster-scoped).
+    Carried {
+        /// The verified carrier's object.
+        object: Value,
+        /// Its `downstreamResources` entry.
+        entry: tender_types::CopiedResource,
+        /// Where it goes.
+        namespace: Option<String>,
+        /// When the hub signed the carrier.
+        signed_at: u64,
+    },
+}
+
+impl FoundCopy {
+    /// The copy planned, for `owner` (`keep`: `keepResources`).
+    // `Planned` carries an ObjectStatus as its error by design (it is the status to report).
+    #[allow(clippy::result_large_err)]
+    fn plan(self, owner: &Owner, keep: bool) -> Planned {
+        match self {
+            Self::Planned(p) => p,
+            Self::Carried {
+                object,
+                entry,
+                namespace,
+                signed_at,
+            } => Ok(super::carried_copy(
+                &object,
+                &entry,
+                namespace.as_deref(),
+                owner,
+                keep,
+                signed_at,
+            )),
+        }
+    }
 }
 
 /// A chart hook as observed.
@@ -193,7 +280,7 @@ pub struct Observed {
     /// The fan-out namespaces (`None`: no fan-out, or its selector is invalid).
     pub fan_out: Option<BTreeSet<String>>,
     /// The copies, in `downstreamResources` order (one per fan-out namespace).
-    pub copies: Vec<Planned>,
+    pub copies: Vec<FoundCopy>,
     /// The inline manifests followed by the chart's ordinary objects (from `chart_from` on).
     pub manifests: Vec<Found>,
     /// Index of the first chart object in `manifests`.
@@ -208,6 +295,12 @@ pub struct Observed {
     pub upgrade: bool,
     /// The inventory before this run.
     pub previous: Vec<ObjectRef>,
+    /// Whether there is an inventory (one is written even when it lists nothing).
+    pub recorded: bool,
+    /// The chart release the inventory records (the one applied last).
+    pub applied_release: Option<String>,
+    /// This run's chart release, recorded once it is applied.
+    pub release: Option<String>,
 }
 
 fn is_namespace(p: &Planned) -> bool {
@@ -270,6 +363,9 @@ pub fn plan(observed: Observed, policy: &Policy, agent_namespace: &str) -> Deplo
         hooks,
         upgrade,
         previous,
+        recorded,
+        applied_release,
+        release,
     } = observed;
     let mut objects: Vec<(Planned, bool)> = Vec::new();
     for (i, found) in manifests.iter().enumerate() {
@@ -294,7 +390,13 @@ pub fn plan(observed: Observed, policy: &Policy, agent_namespace: &str) -> Deplo
                 .map(|p| (h.event, p.map(|d| hook_object(d, &run)), h.delete, h.waits))
         })
         .collect();
-    let mut copies = copies;
+    let mut copies: Vec<Planned> = copies
+        .into_iter()
+        .map(
+            #[allow(clippy::result_large_err)]
+            |c| c.plan(&owner, options.keep_resources),
+        )
+        .collect();
     let mut refused: Vec<ObjectRef> = Vec::new();
     let all = copies
         .iter_mut()
@@ -310,37 +412,12 @@ pub fn plan(observed: Observed, policy: &Policy, agent_namespace: &str) -> Deplo
         }
     }
 
-    let keys = |list: &mut dyn Iterator<Item = &Planned>| -> Vec<ObjectRef> {
-        list.filter_map(|p| p.as_ref().ok().map(|d| d.key.clone()))
-            .collect()
-    };
-    let mut desired = keys(&mut copies.iter());
-    desired.extend(keys(&mut crds.iter()));
-    desired.extend(keys(&mut objects.iter().map(|(p, _)| p)));
-    // A hook object is findable like any other (a crash leaves nothing unknown); it is kept
-    // while the chart renders it and pruned when the chart stops rendering it.
-    desired.extend(keys(&mut hooks.iter().map(|(_, p, _, _)| p)));
-    desired.extend(refused);
-    dedup(&mut desired);
+    let hook_objects: Vec<&Planned> = hooks.iter().map(|(_, p, _, _)| p).collect();
+    let desired = desired_keys(&copies, &crds, &objects, &hook_objects, refused);
     let record = union(&previous, &desired);
     let prune = prune_set(&record, &desired);
 
-    let own_namespaces: Vec<String> = objects
-        .iter()
-        .filter(|(p, _)| is_namespace(p))
-        .filter_map(|(p, _)| p.as_ref().ok().map(|d| d.key.name.clone()))
-        .collect();
-    let mut namespaces: Vec<String> = objects
-        .iter()
-        .map(|(p, _)| p)
-        .chain(&copies)
-        .chain(&crds)
-        .chain(hooks.iter().map(|(_, p, _, _)| p))
-        .filter_map(|p| p.as_ref().ok().and_then(|d| d.key.namespace.clone()))
-        .filter(|ns| !own_namespaces.contains(ns))
-        .collect();
-    namespaces.sort();
-    namespaces.dedup();
+    let namespaces = other_namespaces(&copies, &crds, &objects, &hook_objects);
 
     let (ns_objects, rest): (Vec<_>, Vec<_>) =
         objects.into_iter().partition(|(p, _)| is_namespace(p));
@@ -402,13 +479,68 @@ pub fn plan(observed: Observed, policy: &Policy, agent_namespace: &str) -> Deplo
         phases.push(hook_phase(post));
     }
     phases.retain(|p| !p.entries.is_empty());
+    let before = recorded.then_some((previous.as_slice(), applied_release.as_deref()));
+    let record_write = inventory_write(before, &record, applied_release.as_deref());
+    let after = Some((record.as_slice(), applied_release.as_deref()));
+    let final_write = inventory_write(after, &desired, release.as_deref());
     DeployPlan {
         record,
         desired,
         namespaces,
         phases,
         prune,
+        record_write,
+        final_write,
+        keep: options.keep_resources,
     }
+}
+
+/// Every object the deployment wants, in apply order, refused ones included (so they are not
+/// pruned). A hook object is findable like any other (a crash leaves nothing unknown); it is
+/// kept while the chart renders it and pruned when the chart stops rendering it.
+fn desired_keys(
+    copies: &[Planned],
+    crds: &[Planned],
+    objects: &[(Planned, bool)],
+    hooks: &[&Planned],
+    refused: Vec<ObjectRef>,
+) -> Vec<ObjectRef> {
+    let mut desired: Vec<ObjectRef> = copies
+        .iter()
+        .chain(crds)
+        .chain(objects.iter().map(|(p, _)| p))
+        .chain(hooks.iter().copied())
+        .filter_map(|p| p.as_ref().ok().map(|d| d.key.clone()))
+        .collect();
+    desired.extend(refused);
+    dedup(&mut desired);
+    desired
+}
+
+/// The namespaces objects land in that are not among the namespace manifests, sorted.
+fn other_namespaces(
+    copies: &[Planned],
+    crds: &[Planned],
+    objects: &[(Planned, bool)],
+    hooks: &[&Planned],
+) -> Vec<String> {
+    let own_namespaces: Vec<String> = objects
+        .iter()
+        .filter(|(p, _)| is_namespace(p))
+        .filter_map(|(p, _)| p.as_ref().ok().map(|d| d.key.name.clone()))
+        .collect();
+    let mut namespaces: Vec<String> = objects
+        .iter()
+        .map(|(p, _)| p)
+        .chain(copies)
+        .chain(crds)
+        .chain(hooks.iter().copied())
+        .filter_map(|p| p.as_ref().ok().and_then(|d| d.key.namespace.clone()))
+        .filter(|ns| !own_namespaces.contains(ns))
+        .collect();
+    namespaces.sort();
+    namespaces.dedup();
+    namespaces
 }
 
 /// The entries of removal hooks (`pre-delete`, `post-delete`) as observed.

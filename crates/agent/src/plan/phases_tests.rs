@@ -62,7 +62,7 @@ fn observed(pending: bool, upgrade: bool) -> Observed {
         run: "d2".into(),
         owner: owner(),
         options: opts(Some("apps")),
-        copies: vec![Ok(db_copy(&hub_secret()))],
+        copies: vec![FoundCopy::Planned(Ok(db_copy(&hub_secret())))],
         manifests: vec![
             found("Namespace", "apps"),
             found("ConfigMap", "inline"),
@@ -95,6 +95,8 @@ fn shape(plan: &DeployPlan) -> Vec<(String, Vec<String>)> {
                         Entry::Apply { chart: true, .. } => "chart",
                         Entry::Apply { .. } => "apply",
                         Entry::Hook(_) => "hook",
+                        Entry::Settled(_) => "settled",
+                        Entry::Write(_) => "write",
                     };
                     format!("{what} {} {}", k.kind, k.name)
                 })
@@ -428,4 +430,113 @@ fn a_crds_crd_is_never_deleted() {
         removal_op(crd_key("widgets.x.io"), &live, &owner(), false),
         Some((Op::MergePatch { .. }, "strip"))
     ));
+}
+
+#[test]
+fn the_inventory_is_recorded_first_only_when_it_lacks_an_object_and_narrowed_last() {
+    // No inventory yet: recorded first (even a plan with nothing new writes one), then
+    // narrowed to what is desired.
+    let plan = planned(observed(true, false));
+    let first = plan.record_write.clone().expect("no inventory yet");
+    assert_eq!(first.objects, plan.record);
+    assert_eq!(first.release, None);
+    let last = plan.final_write.clone().expect("`gone` is pruned");
+    assert_eq!(last.objects, plan.desired);
+    assert!(
+        !last
+            .objects
+            .contains(&key("v1", "ConfigMap", Some("apps"), "gone"))
+    );
+    assert_eq!(plan.prune, [key("v1", "ConfigMap", Some("apps"), "gone")]);
+
+    // An inventory listing exactly what is desired, with the chart's release applied: no
+    // inventory write at all.
+    let mut o = observed(false, true);
+    let desired = planned(o.clone()).desired;
+    o.previous = desired.clone();
+    o.recorded = true;
+    o.applied_release = Some("2/d2".into());
+    o.release = Some("2/d2".into());
+    let plan = planned(o.clone());
+    assert_eq!(plan.record_write, None);
+    assert_eq!(plan.final_write, None);
+    assert!(plan.prune.is_empty());
+
+    // An upgrade's release is recorded once applied, not before.
+    o.release = Some("3/d3".into());
+    let plan = planned(o);
+    assert_eq!(plan.record_write, None, "nothing new to record");
+    let last = plan.final_write.expect("the release advances");
+    assert_eq!(last.release.as_deref(), Some("3/d3"));
+    assert_eq!(last.objects, desired);
+}
+
+#[test]
+fn inventory_writes_compare_objects_and_release() {
+    let a = [key("v1", "ConfigMap", Some("apps"), "a")];
+    assert!(inventory_write(None, &[], None).is_some(), "none yet");
+    assert_eq!(
+        inventory_write(Some((&a, Some("1/x"))), &a, Some("1/x")),
+        None
+    );
+    assert!(inventory_write(Some((&a, Some("1/x"))), &a, Some("2/y")).is_some());
+    assert!(inventory_write(Some((&a, None)), &[], None).is_some());
+}
+
+#[test]
+fn pruning_waits_for_every_phase_in_place() {
+    let ready = vec![(Phase::Copies, vec![st("Secret", ObjectState::Ready)])];
+    assert!(may_prune(&ready));
+    assert!(may_prune(&[]));
+    let mut waiting = ready.clone();
+    waiting.push((
+        Phase::Objects,
+        vec![
+            st("ConfigMap", ObjectState::Ready),
+            st("Deployment", ObjectState::Conflict),
+        ],
+    ));
+    assert!(!may_prune(&waiting), "a conflict keeps what is deployed");
+}
+
+#[test]
+fn a_carried_copy_is_planned_per_namespace_with_keep_resources() {
+    let mut o = observed(true, false);
+    o.options.keep_resources = true;
+    let entry = tender_types::CopiedResource {
+        api_version: Some("example.io/v1".into()),
+        ..entry("Widget", "w")
+    };
+    let object = json!({"apiVersion": "example.io/v1", "kind": "Widget",
+                        "metadata": {"name": "w", "namespace": "hub-ns"}, "spec": {"size": 1}});
+    o.copies = ["a", "b"]
+        .into_iter()
+        .map(|ns| FoundCopy::Carried {
+            object: object.clone(),
+            entry: entry.clone(),
+            namespace: Some(ns.into()),
+            signed_at: 7,
+        })
+        .collect();
+    let plan = planned(o);
+    let copies = &plan
+        .phases
+        .iter()
+        .find(|p| p.phase == Phase::Copies)
+        .unwrap()
+        .entries;
+    let keys: Vec<_> = copies.iter().map(Entry::key).collect();
+    assert_eq!(
+        keys,
+        [
+            key("example.io/v1", "Widget", Some("a"), "w"),
+            key("example.io/v1", "Widget", Some("b"), "w")
+        ]
+    );
+    let Entry::Apply { desired, .. } = &copies[0] else {
+        panic!("{:?}", copies[0]);
+    };
+    assert_eq!(desired.body["metadata"]["namespace"], "a");
+    assert_eq!(desired.body["spec"]["size"], 1);
+    assert!(plan.keep, "keepResources reaches the prune phase");
 }

@@ -269,7 +269,7 @@ pub(super) async fn write_copy(
         ctx.hub.copies_skipped.inc();
         return Ok(false);
     };
-    let signed_at = next_signed_at(live.as_ref());
+    let signed_at = next_signed_at(ctx.clock.unix_millis(), live.as_ref());
     let live_version = live.and_then(|m| m.resource_version);
     let target = ops::CopyTarget {
         bundle_ns: &to.bundle_ns,
@@ -349,13 +349,10 @@ async fn publish_chain(ctx: &Ctx, cluster_ns: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// The `signedAt` of a copy written now: the time in milliseconds, and always after the live
-/// copy's, so an agent can refuse an older signed copy replayed (decision 0089-signed-copies).
-fn next_signed_at(live: Option<&kube::api::ObjectMeta>) -> u64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or_default();
+/// The `signedAt` of a copy written at `now` (milliseconds since the epoch, from the hub's
+/// clock), always after the live copy's, so an agent can refuse an older signed copy replayed
+/// (decision 0089-signed-copies).
+fn next_signed_at(now: u64, live: Option<&kube::api::ObjectMeta>) -> u64 {
     let live = live
         .and_then(|m| m.annotations.as_ref()?.get(labels::HUB_SIGNATURE).cloned())
         .and_then(|s| tender_types::signing::signed_at_of(&s));

@@ -6,7 +6,6 @@
 use std::time::Instant;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tender_runtime::Op;
@@ -114,13 +113,9 @@ async fn write_status(
     facts.matched = usize::try_from(folded.summary.desired_ready).unwrap_or_default();
     facts.summary = folded.summary;
     own_lines.extend(folded.upstream);
-    let mut new = bundle_status(
-        old,
-        &facts,
-        bundle.metadata.generation,
-        Time(Timestamp::now()),
-    );
-    crate::upstream::set_status(&mut new, own_lines, bundle.metadata.generation);
+    let now = Time(ctx.clock.now());
+    let mut new = bundle_status(old, &facts, bundle.metadata.generation, now.clone());
+    crate::upstream::set_status(&mut new, own_lines, bundle.metadata.generation, now);
     // The shard entries and the poller's fields are never ours to write: left out of the
     // apply (and the comparison), server-side apply keeps them as their writers wrote them.
     let new = status::ours(new);

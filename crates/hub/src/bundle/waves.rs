@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use tender_types::rollout::RolloutStrategy;
 use tender_types::targeting::GroupInfo;
@@ -171,7 +170,7 @@ pub(crate) async fn gate(
         previous: kept.state.as_ref(),
         resume,
         rollback_possible: !snapshot.overflow,
-        now: Timestamp::now().as_millisecond(),
+        now: ctx.clock.now().as_millisecond(),
     };
     let gate = match rollout::gate(&inputs, &clusters, input.groups) {
         Ok(gate) => gate,

@@ -100,7 +100,7 @@ pub(super) async fn await_agent_cleanup(
         &bds,
         agent_heartbeat(ctx, cluster, &ns_name),
         cluster.metadata.deletion_timestamp.as_ref().map(|t| t.0),
-        Timestamp::now(),
+        ctx.clock.now(),
         ctx.config.agent_offline_after,
         AGENT_CLEANUP_GRACE,
     );

@@ -362,7 +362,7 @@ async fn apply(cluster: &Cluster, ctx: &Ctx) -> Result<Action, Error> {
     let summary = summarize_with(bds.len(), bds.iter().map(AsRef::as_ref), |bd| {
         ctx.expected_deployment_id(bd)
     });
-    let now = Timestamp::now();
+    let now = ctx.clock.now();
     let status_with = |summary| {
         cluster_status(
             cluster.status.as_ref(),
@@ -429,7 +429,7 @@ async fn not_owned(
         cluster.status.as_ref(),
         ns_name,
         cluster.metadata.generation,
-        Timestamp::now(),
+        ctx.clock.now(),
     );
     let mut ours = status.clone();
     ours.agent = None;
@@ -451,7 +451,7 @@ async fn not_owned(
 /// `delay` is `Some` for a summary-only change.
 fn summary_due(ctx: &Ctx, key: (String, String), delay: Option<Duration>) -> Option<Duration> {
     let mut due = ctx.summary_due.lock().expect("lock");
-    summary_wait(&mut due, key, delay, std::time::Instant::now())
+    summary_wait(&mut due, key, delay, ctx.clock.instant())
 }
 
 /// When Cluster `cluster` (namespace `ns`) last heard from its agent: its Lease in the cache

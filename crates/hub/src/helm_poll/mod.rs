@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use tender_chartrepo::without_userinfo;
 use tender_types::chart_version::{self, ChartEntry};
 use tender_types::conditions::reason;
 use tender_types::{BundleSpec, HelmOptions};
@@ -23,29 +24,10 @@ pub const POLL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bytes of an `index.yaml` (or of one tag-list page) read at most, as the agent's default
 /// `--max-index-bytes`.
 pub const MAX_INDEX_BYTES: usize = 32 * 1024 * 1024;
-/// Redirects followed (on the repository's origin only).
-const MAX_REDIRECTS: usize = 5;
-/// Pages of an OCI tag list followed.
-const MAX_TAG_PAGES: usize = 50;
-const USER_AGENT: &str = concat!("tender-hub/", env!("CARGO_PKG_VERSION"));
 
-/// Why a look failed: a stable reason and a message with no credentials in it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Failure {
-    /// A `tender_types::conditions::reason` word.
-    pub reason: &'static str,
-    /// What happened (URLs without user info, never a credential).
-    pub message: String,
-}
-
-impl Failure {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            reason,
-            message: message.into(),
-        }
-    }
-}
+/// Why a look failed: a stable reason and a message with no credentials in it (the shared
+/// chart-repository client's failure).
+pub use tender_chartrepo::Failure;
 
 /// Username and password for the repository (from the Secret `helmSecretName` names).
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -93,18 +75,6 @@ pub fn source(helm: &HelmOptions) -> String {
     }
     let repo = helm.repo.as_deref().unwrap_or_default();
     format!("{} in {}", helm.chart, without_userinfo(repo))
-}
-
-fn without_userinfo(url: &str) -> String {
-    match url.split_once("://") {
-        Some((scheme, rest)) => {
-            let host_end = rest.find('/').unwrap_or(rest.len());
-            let authority = &rest[..host_end];
-            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-            format!("{scheme}://{host}{}", &rest[host_end..])
-        }
-        None => url.to_string(),
-    }
 }
 
 /// The report for `helm` given the versions a look found (or why it failed) and the version

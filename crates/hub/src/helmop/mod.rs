@@ -11,7 +11,6 @@ pub mod plan;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -97,7 +96,7 @@ async fn write_status(helmop: &HelmOp, ctx: &Ctx) -> Result<(), Error> {
     let latest = ctx.stores.helmops.get(&ObjectRef::from_obj(helmop));
     let helmop: &HelmOp = latest.as_deref().unwrap_or(helmop);
     let live = bundle_of(ctx, helmop);
-    let Some(new) = plan::helmop_status(helmop, live.as_deref(), Time(Timestamp::now())) else {
+    let Some(new) = plan::helmop_status(helmop, live.as_deref(), Time(ctx.clock.now())) else {
         return Ok(());
     };
     let desired = hash::value_hash(&serde_json::to_value(&new).unwrap_or_default());

@@ -20,7 +20,6 @@ use tender_runtime::retry;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -125,7 +124,7 @@ async fn publish(
         controller: Some(true),
         block_owner_deletion: None,
     };
-    let now = Time(Timestamp::now());
+    let now = Time(ctx.clock.now());
     let mut lines = Vec::new();
     let mut wanted_published: BTreeSet<(SourceKind, String)> = BTreeSet::new();
     for (cluster, cns) in clusters {
@@ -244,6 +243,7 @@ pub(crate) fn set_status(
     status: &mut BundleStatus,
     lines: Vec<UpstreamPublication>,
     generation: Option<i64>,
+    now: Time,
 ) {
     if lines.is_empty() {
         status
@@ -258,7 +258,7 @@ pub(crate) fn set_status(
             reason,
             &message,
             generation,
-            Time(Timestamp::now()),
+            now,
         );
     }
     status.upstream = lines;

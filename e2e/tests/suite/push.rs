@@ -15,7 +15,7 @@ use serde_json::json;
 use tender_e2e::fixture::{self, WAIT, Workspace, secret_value, stays, wait_secret};
 use tender_e2e::hub_harness::{HubHandle, hub_config, start_hub};
 use tender_e2e::proxy::TcpProxy;
-use tender_e2e::{ADMIN_USER, TestEnv, downstream_name, eventually, shared_env, unique_name};
+use tender_e2e::{ADMIN_USER, TestEnv, downstream_name, eventually, shared_env_of, unique_name};
 use tender_types::conditions::{TYPE_CLUSTER_CONNECTED, TYPE_READY, find_condition};
 use tender_types::{Cluster, ClusterMode, labels, names};
 
@@ -24,7 +24,7 @@ use tender_types::{Cluster, ClusterMode, labels, names};
 
 /// A workspace with its own hub, probing push clusters every second.
 async fn push_workspace(prefix: &str) -> (Workspace, HubHandle) {
-    let env = shared_env(2).await;
+    let env = shared_env_of("push-rights", 2).await;
     let ws = Workspace::without_hub(env, prefix).await;
     let mut config = hub_config(&ws.ns);
     config.push.probe_interval = Duration::from_secs(1);
@@ -159,7 +159,7 @@ async fn password_is(down: &kube::Client, ns: &str, value: &str, what: &str) {
 
 #[tokio::test]
 async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restricted_identity() {
-    fixture::captured_logs();
+    let capture = fixture::capture_logs();
     let (ws, hub) = push_workspace("push-flow").await;
     let env = ws.env;
     let downstream = downstream_name(2);
@@ -306,7 +306,7 @@ async fn push_cluster_deploys_rotates_corrects_drift_and_cleans_up_with_a_restri
         seen += &serde_json::to_string(&e).unwrap();
     }
     seen += &hub.metrics.encode();
-    let logs = String::from_utf8_lossy(&fixture::captured_logs().lock().unwrap()).to_string();
+    let logs = capture.text();
     assert!(
         logs.contains("push task started"),
         "the log capture holds the hub's push log lines"
@@ -540,7 +540,7 @@ async fn push_scale() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
-    let env = shared_env(2).await;
+    let env = shared_env_of("push-rights", 2).await;
     let ws = Workspace::without_hub(env, "push-scale").await;
     let mut config = hub_config(&ws.ns);
     config.push.heartbeat_interval = Duration::from_secs(30);
@@ -748,7 +748,7 @@ async fn a_push_cluster_refuses_a_bundle_naming_a_service_account() {
 /// nothing deleted, its deletion still completes, and nothing happens when it answers again.
 #[tokio::test]
 async fn a_deleted_push_cluster_is_cleaned_up_when_reachable_and_left_alone_when_not() {
-    let env = shared_env(2).await;
+    let env = shared_env_of("push-rights", 2).await;
     let ws = Workspace::without_hub(env, "push-delete").await;
     let mut config = hub_config(&ws.ns);
     config.push.probe_interval = Duration::from_secs(1);

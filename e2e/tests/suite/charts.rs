@@ -7,7 +7,9 @@ use std::process::Command;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::discovery::{Discovery, Scope};
-use tender_e2e::{HUB, crds::install_crds, downstream_name, ensure_helm, shared_env, unique_name};
+use tender_e2e::{
+    HUB, crds::install_crds, downstream_name, ensure_helm, shared_env_of, unique_name,
+};
 
 fn chart(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -122,7 +124,7 @@ fn agent_chart_refuses_missing_values_with_a_clear_message() {
 
 #[tokio::test]
 async fn hub_chart_objects_are_accepted_by_the_hub_apiserver() {
-    let env = shared_env(1).await;
+    let env = shared_env_of("charts", 1).await;
     let client = env.client(HUB).await.unwrap();
     // The chart's crds/ directory is what `helm install` applies first.
     install_crds(&client).await.unwrap();
@@ -163,7 +165,7 @@ async fn hub_chart_objects_are_accepted_by_the_hub_apiserver() {
 
 #[tokio::test]
 async fn agent_chart_objects_are_accepted_by_a_downstream_apiserver() {
-    let env = shared_env(1).await;
+    let env = shared_env_of("charts", 1).await;
     let client = env.client(&downstream_name(1)).await.unwrap();
     let ns = unique_name("tender-system");
     let objects = template(
@@ -281,7 +283,7 @@ async fn the_agent_chart_renders_a_helm_bundle_under_its_pods_security_context()
     use tender_e2e::fixture::Workspace;
     use tender_e2e::running::{AgentOpts, start_agent};
 
-    let env = shared_env(1).await;
+    let env = shared_env_of("charts", 1).await;
     let repo = ChartRepo::start(&["0.1.0"], "reader", "repo-pass-456")
         .await
         .expect("starting the chart repository");

@@ -28,7 +28,7 @@ use tender_e2e::agent_harness::start_agent_with;
 use tender_e2e::fixture::{WAIT, Workspace, app_bundle, create_namespace, stays};
 use tender_e2e::hub_harness::{hub_config, start_hub};
 use tender_e2e::running::{AgentOpts, Running, start_agent, sum_of};
-use tender_e2e::{ADMIN_USER, HUB, downstream_name, eventually, shared_env, unique_name};
+use tender_e2e::{ADMIN_USER, HUB, downstream_name, eventually, shared_env_of, unique_name};
 use tender_types::conditions::{TYPE_AGENT_CONNECTED, is_true};
 use tender_types::{Cluster, labels};
 use tokio::sync::Mutex;
@@ -120,7 +120,7 @@ async fn gone(ws: &Workspace, cluster: &str, name: &str) {
 #[tokio::test]
 async fn an_agent_back_from_away_removes_exactly_the_objects_of_deployments_removed_meanwhile() {
     let _serial = SERIAL.lock().await;
-    let ws = Workspace::new(shared_env(1).await, "return-prune").await;
+    let ws = Workspace::new(shared_env_of("agent-chart", 1).await, "return-prune").await;
     let downstream = downstream_name(1);
     let down = ws.downstream(&downstream).await;
     ws.cluster("east").await;
@@ -272,7 +272,7 @@ async fn an_agent_back_from_away_removes_exactly_the_objects_of_deployments_remo
 /// A workspace with its own hub that takes an agent for offline after 4 s (so deleting a
 /// Cluster whose agent is away does not wait for the grace).
 async fn quick_offline_workspace(prefix: &str) -> (Workspace, tender_e2e::hub_harness::HubHandle) {
-    let ws = Workspace::without_hub(shared_env(1).await, prefix).await;
+    let ws = Workspace::without_hub(shared_env_of("agent-chart", 1).await, prefix).await;
     let mut config = hub_config(&ws.ns);
     config.agent_offline_after = Duration::from_secs(4);
     let hub = start_hub(ws.env, config).await.unwrap();
@@ -447,7 +447,7 @@ async fn inventory_text(down: &kube::Client, agent_ns: &str) -> String {
 async fn an_agent_sigkilled_mid_apply_converges_and_leaves_nothing_behind() {
     const N: usize = 200;
     let _serial = SERIAL.lock().await;
-    let ws = Workspace::new(shared_env(1).await, "return-crash").await;
+    let ws = Workspace::new(shared_env_of("agent-chart", 1).await, "return-crash").await;
     let downstream = downstream_name(1);
     let down = ws.downstream(&downstream).await;
     ws.cluster("east").await;

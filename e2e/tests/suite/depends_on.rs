@@ -297,9 +297,11 @@ async fn a_dependent_waits_per_cluster_for_its_dependency() {
     // Idle stays idle: with dependencies in place and nothing changing, the hub neither writes
     // nor reconciles Bundles.
     let hub = ws.hub_instance();
+    // Settled for longer than the hub's Cluster summary delay (5 s), which may still hold the
+    // last BundleDeployment change's Cluster status write.
     let quiet = tender_e2e::fixture::settled(
         "the hub's writes and Bundle reconciles",
-        Duration::from_secs(3),
+        tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY + Duration::from_secs(1),
         || async { (hub.writes(), hub.reconciles("bundle")) },
     )
     .await;
@@ -357,9 +359,11 @@ async fn a_cycle_and_a_missing_dependency_are_named_and_nothing_is_written() {
     .await;
     // A cycle is no loop: the hub settles and stays quiet.
     let hub = ws.hub_instance();
+    // Settled for longer than the hub's Cluster summary delay (5 s), which may still hold the
+    // last BundleDeployment change's Cluster status write.
     let quiet = tender_e2e::fixture::settled(
         "the hub's writes and Bundle reconciles",
-        Duration::from_secs(3),
+        tender_hub::DEFAULT_CLUSTER_SUMMARY_DELAY + Duration::from_secs(1),
         || async { (hub.writes(), hub.reconciles("bundle")) },
     )
     .await;

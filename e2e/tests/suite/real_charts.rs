@@ -21,7 +21,7 @@ use tender_e2e::real_charts::{
     self, ROLLOUT, RealCharts, Rendered, Step, check_no_overlap, check_order, cluster_names,
     hook_phase, ordinary,
 };
-use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
+use tender_e2e::{downstream_name, eventually, shared_env_of, unique_name};
 use tender_types::conditions::reason::HOOK_FAILED;
 use tender_types::conditions::{TYPE_READY, is_true};
 use tender_types::{Bundle, HelmOp, labels};
@@ -202,7 +202,7 @@ async fn deleted_by_tender(
 #[tokio::test]
 async fn ingress_nginx_by_a_bundle_runs_its_hooks_in_order_upgrades_and_goes_away() {
     let charts = &charts().await;
-    let ws = Workspace::new(shared_env(1).await, "ingress").await;
+    let ws = Workspace::new(shared_env_of("real-charts", 1).await, "ingress").await;
     let agent = real_charts::infrastructure_agent(&ws, "east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let (ns, release) = (unique_name("ingress"), "web");
@@ -384,7 +384,7 @@ fn kyverno_helmop(charts: &RealCharts, name: &str, ns: &str, release: &str) -> V
 async fn kyverno_by_a_helmop_upgrades_with_its_post_upgrade_hooks_and_runs_its_pre_delete_hooks_before_anything_is_deleted()
  {
     let charts = &charts().await;
-    let ws = Workspace::new(shared_env(1).await, "kyverno").await;
+    let ws = Workspace::new(shared_env_of("real-charts", 1).await, "kyverno").await;
     let agent = real_charts::infrastructure_agent(&ws, "east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let (ns, release) = (unique_name("kyverno"), "kyv");
@@ -598,7 +598,7 @@ async fn kyverno_by_a_helmop_upgrades_with_its_post_upgrade_hooks_and_runs_its_p
 #[tokio::test]
 async fn a_failing_pre_upgrade_hook_halts_with_its_reason_and_nothing_is_removed() {
     let charts = &charts().await;
-    let ws = Workspace::new(shared_env(1).await, "halt").await;
+    let ws = Workspace::new(shared_env_of("real-charts", 1).await, "halt").await;
     let agent = real_charts::infrastructure_agent(&ws, "east", &downstream_name(1)).await;
     let down = ws.downstream(&agent.downstream).await;
     let (ns, release) = (unique_name("halt"), "halt");

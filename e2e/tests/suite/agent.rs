@@ -926,7 +926,7 @@ async fn startup_sweep_removes_leftovers_of_vanished_deployments() {
 
 #[tokio::test]
 async fn no_secret_value_in_logs_events_status_or_metrics() {
-    fixture::captured_logs();
+    let capture = fixture::capture_logs();
     let ws = Workspace::new(shared_env(2).await, "agent-secrecy").await;
     let east = ws.agent("east", &downstream_name(1)).await;
     let west = ws.agent("west", &downstream_name(2)).await;
@@ -1033,7 +1033,7 @@ async fn no_secret_value_in_logs_events_status_or_metrics() {
     for a in [&east, &west] {
         seen += &a.handle().metrics.shared().encode();
     }
-    let logs = String::from_utf8_lossy(&fixture::captured_logs().lock().unwrap()).to_string();
+    let logs = capture.text();
     assert!(
         logs.contains("tender"),
         "the log capture works (it holds tender's own log lines)"

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use tender_e2e::fixture::{Workspace, stays};
-use tender_e2e::{downstream_name, shared_env, unique_name};
+use tender_e2e::{downstream_name, shared_env_of, unique_name};
 
 /// `tender_agent_<family>_total` of the agent's metrics, summed over labels.
 fn counter(agent: &tender_e2e::fixture::Agent, family: &str) -> u64 {
@@ -24,7 +24,7 @@ fn counter(agent: &tender_e2e::fixture::Agent, family: &str) -> u64 {
 
 #[tokio::test]
 async fn defaulted_kinds_are_written_once_and_never_restored() {
-    let ws = Workspace::new(shared_env(1).await, "defaults").await;
+    let ws = Workspace::new(shared_env_of("apiserver-defaults", 1).await, "defaults").await;
     // The owner allows every kind here: CRDs and webhooks are refused by default.
     let east = ws
         .agent_configured("east", &downstream_name(1), |c| {

@@ -18,7 +18,7 @@ use kube::api::Api;
 use serde_json::{Value, json};
 use tender_e2e::fixture::{WAIT, Workspace, create_namespace, stays};
 use tender_e2e::running::{AgentOpts, start_agent};
-use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
+use tender_e2e::{downstream_name, eventually, shared_env_of, unique_name};
 use tender_types::conditions::{TYPE_DEPLOYED, TYPE_READY, find_condition, reason};
 use tender_types::{BundleDeployment, ObjectState};
 
@@ -116,7 +116,7 @@ async fn edit_binding(down: &kube::Client, ns: &str, sa_ns: &str, sa: &str) {
 
 #[tokio::test]
 async fn by_default_a_bundle_cannot_escalate_and_an_ordinary_one_deploys() {
-    let env = shared_env(2).await;
+    let env = shared_env_of("agent-chart", 2).await;
     let ws = Workspace::new(env, "leastpriv").await;
     let down_name = downstream_name(1);
     let down = ws.downstream(&down_name).await;
@@ -264,7 +264,7 @@ async fn by_default_a_bundle_cannot_escalate_and_an_ordinary_one_deploys() {
 
 #[tokio::test]
 async fn with_the_cluster_admin_opt_in_the_same_bundle_deploys() {
-    let env = shared_env(2).await;
+    let env = shared_env_of("agent-chart", 2).await;
     let ws = Workspace::new(env, "leastpriv-admin").await;
     let down_name = downstream_name(2);
     let down = ws.downstream(&down_name).await;

@@ -13,11 +13,11 @@ use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme
 use sha2::{Digest, Sha256};
 use tender_types::conditions::reason;
 
-use super::ChartFailure;
+use crate::Failure;
 
 /// How one chart source's certificate is checked.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Trust {
+pub struct Trust {
     /// CAs trusted besides the system roots (DER).
     extra: Vec<CertificateDer<'static>>,
     /// Accept any certificate.
@@ -27,7 +27,7 @@ pub(crate) struct Trust {
 impl Trust {
     /// The trust of a deployment: `cacerts` (PEM, one or more certificates) if its
     /// helmSecretName Secret has the key, and `helm.insecureSkipTLSVerify`.
-    pub(crate) fn new(cacerts: Option<&[u8]>, insecure: bool) -> Result<Self, ChartFailure> {
+    pub fn new(cacerts: Option<&[u8]>, insecure: bool) -> Result<Self, Failure> {
         let extra = match cacerts {
             Some(pem) => parse_cas(pem)?,
             None => Vec::new(),
@@ -36,12 +36,12 @@ impl Trust {
     }
 
     /// Whether this is the agent's default (system roots only).
-    pub(crate) fn is_system(&self) -> bool {
+    pub fn is_system(&self) -> bool {
         self.extra.is_empty() && !self.insecure
     }
 
     /// A key naming this trust (for the client cache and the render memo).
-    pub(crate) fn key(&self) -> String {
+    pub fn key(&self) -> String {
         let mut h = Sha256::new();
         h.update([u8::from(self.insecure)]);
         for c in &self.extra {
@@ -52,7 +52,7 @@ impl Trust {
     }
 
     /// The client configuration: `system` roots plus the extra CAs, or no verification.
-    pub(crate) fn client_config(&self, system: &RootCertStore) -> ClientConfig {
+    pub fn client_config(&self, system: &RootCertStore) -> ClientConfig {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
@@ -73,7 +73,7 @@ impl Trust {
 }
 
 /// The system's roots.
-pub(crate) fn system_roots() -> RootCertStore {
+pub fn system_roots() -> RootCertStore {
     let mut roots = RootCertStore::empty();
     for cert in rustls_native_certs::load_native_certs().certs {
         let _ = roots.add(cert);
@@ -82,9 +82,9 @@ pub(crate) fn system_roots() -> RootCertStore {
 }
 
 /// The certificates of a `cacerts` value: at least one, each usable as a trust anchor.
-fn parse_cas(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, ChartFailure> {
+fn parse_cas(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, Failure> {
     let invalid = |why: &str| {
-        ChartFailure::new(
+        Failure::new(
             reason::CHART_REPOSITORY_CA_INVALID,
             format!(
                 "key cacerts of the helmSecretName Secret {why}: it must hold one or more PEM \
