@@ -239,7 +239,7 @@ mod tests {
     use serde_json::json;
 
     fn at(s: i64) -> Time {
-        Time(Timestamp::from_second(s).unwrap())
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
     }
 
     fn report(version: &str) -> PollReport {
