@@ -843,11 +843,21 @@ async fn hub_leader_election_one_writer_and_failover_within_the_lease() {
     ws.bundle("app", leader_bundle("v3")).await;
     wait_mode("v3").await;
     // A deliberate observation window for a second writer to show itself: the old leader's
-    // write count and the Lease holder stay put across it.
+    // write count and the Lease holder stay put across it. The count is taken once it has
+    // settled: a request A sent while it still led is counted when it ends, and one held by the
+    // cut connection ends only after the cut (split_brain.rs proves from the audit log that
+    // the last write comes before the standby's acquireTime).
+    let a_settled = tender_e2e::fixture::settled(
+        "the old leader's writes",
+        Duration::from_secs(2),
+        || async { a.writes() },
+    )
+    .await;
+    assert!(a_settled >= a_writes);
     stays(
         "the old leader's writes (it lost the Lease) and the Lease holder",
         Duration::from_secs(5),
-        &(a_writes, Some(b.identity.clone())),
+        &(a_settled, Some(b.identity.clone())),
         || async { (a.writes(), lease_holder(&leases).await.unwrap()) },
     )
     .await;
