@@ -90,6 +90,8 @@ pub(crate) struct Stores {
     pub source_config_maps: Store<PartialObjectMeta<ConfigMap>>,
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
     pub leases: Store<Lease>,
+    /// The rollout state Secrets in the hub's own namespace, whole (decision 0121).
+    pub rollout_states: Store<Secret>,
     /// Sources of the other allowed kinds (metadata only), one cache per kind.
     pub carried: Arc<Vec<CarriedKind>>,
 }
@@ -144,6 +146,8 @@ pub(crate) struct Ctx {
     pub published_chains: Mutex<HashMap<String, String>>,
     /// Where every reconciler of this scope reads the time (a virtual clock in tests).
     pub clock: crate::clock::Clock,
+    /// The rollout state Secrets written a moment ago, until their cache shows them.
+    pub rollout_writes: RolloutWrites,
 }
 
 impl Ctx {
@@ -410,4 +414,90 @@ pub(crate) fn cluster_for_labels(
                 && names::cluster_namespace(workspace, &c.name_any()) == namespace
         })
         .map(|c| ObjectRef::from_obj(c.as_ref()))
+}
+
+/// The rollout state Secrets this process wrote, by name, until the cache
+/// (`Stores::rollout_states`) shows each at or past what was written (decision 0121). A
+/// reconcile that read the cache before the write's watch event arrived would otherwise take
+/// the state before it: a "new" revision, its kept previous revisions dropped, and a later
+/// rollback with nothing to restore.
+#[derive(Debug, Default)]
+pub(crate) struct RolloutWrites(Mutex<WrittenStates>);
+
+#[derive(Debug, Default)]
+struct WrittenStates {
+    by_name: HashMap<String, (Arc<Secret>, u64)>,
+    /// Relists the cache started: an entry recorded before the last one is in that list.
+    relists: u64,
+}
+
+impl RolloutWrites {
+    /// The apiserver's answer to a rollout state write.
+    pub(crate) fn record(&self, secret: Secret) {
+        let mut w = self.0.lock().expect("rollout writes");
+        let relists = w.relists;
+        w.by_name
+            .insert(secret.name_any(), (Arc::new(secret), relists));
+    }
+
+    /// Forgets `name` (its Bundle went).
+    pub(crate) fn forget(&self, name: &str) {
+        self.0.lock().expect("rollout writes").by_name.remove(name);
+    }
+
+    /// The cache applied `event`: an entry retires once the cache shows its Secret at or past
+    /// the version written, deleted since, or relisted after the write.
+    pub(crate) fn seen(&self, event: &kube::runtime::watcher::Event<Secret>) {
+        use kube::runtime::watcher::Event;
+        let mut w = self.0.lock().expect("rollout writes");
+        match event {
+            Event::Init => w.relists += 1,
+            Event::InitDone => {
+                let relists = w.relists;
+                w.by_name.retain(|_, (_, at)| *at >= relists);
+            }
+            Event::Apply(s) | Event::InitApply(s) | Event::Delete(s) => {
+                let name = s.name_any();
+                if w.by_name.get(&name).is_some_and(|(written, _)| {
+                    at_or_past(s.resource_version().as_deref(), written)
+                }) {
+                    w.by_name.remove(&name);
+                }
+            }
+        }
+    }
+
+    /// What a reconcile reads for `name`: the cached Secret, or the one written here when the
+    /// cache does not show it yet.
+    pub(crate) fn newest(&self, name: &str, cached: Option<Arc<Secret>>) -> Option<Arc<Secret>> {
+        let mut w = self.0.lock().expect("rollout writes");
+        let Some((written, _)) = w.by_name.get(name) else {
+            return cached;
+        };
+        match cached {
+            Some(c) if at_or_past(c.resource_version().as_deref(), written) => {
+                w.by_name.remove(name);
+                Some(c)
+            }
+            _ => Some(written.clone()),
+        }
+    }
+
+    /// Secrets written and not yet shown by the cache.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().expect("rollout writes").by_name.len()
+    }
+}
+
+/// Whether an object at `version` is the one `written` or a later one. resourceVersions are
+/// opaque; every apiserver backed by etcd (and the fake) gives integers that grow, and a
+/// version that is not one only counts when it is the very one written.
+fn at_or_past(version: Option<&str>, written: &Secret) -> bool {
+    let written = written.resource_version();
+    let number = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok());
+    match (number(version), number(written.as_deref())) {
+        (Some(v), Some(w)) => v >= w,
+        _ => version.is_some() && version == written.as_deref(),
+    }
 }
