@@ -107,21 +107,21 @@ pub(super) async fn read(ctx: &Ctx, bundle: &Arc<Bundle>) -> Result<Option<Seen>
         upstream,
         copy_limit: ctx.config.max_copied_bytes_per_bundle,
         rollout: match bundle.spec.rollout_strategy {
-            Some(_) => rollout_state(ctx, bundle),
+            Some(_) => rollout_state(ctx, &ns, &name, bundle.meta().uid.as_deref()),
             None => Ok(Kept::default()),
         },
     }))
 }
 
-/// What the rollout Secret of `bundle` keeps, checked ([`revisions::parse`]): the cached
-/// Secret, or the one this process wrote while the cache is older than it.
-fn rollout_state(ctx: &Ctx, bundle: &Bundle) -> Result<Kept, Unreadable> {
-    let ns = bundle.namespace().unwrap_or_default();
-    let name = names::rollout_secret(&ns, &bundle.name_any(), ctx.config.shard_id.as_deref());
-    let key = ObjectRef::new(&name).within(ctx.config.own_namespace());
+/// What the rollout Secret of Bundle `ns/name` (of uid `uid`) keeps, checked
+/// ([`revisions::parse`]): the cached Secret, or the one this process wrote while the cache is
+/// older than it.
+fn rollout_state(ctx: &Ctx, ns: &str, name: &str, uid: Option<&str>) -> Result<Kept, Unreadable> {
+    let secret_name = names::rollout_secret(ns, name, ctx.config.shard_id.as_deref());
+    let key = ObjectRef::new(&secret_name).within(ctx.config.own_namespace());
     let cached = ctx.stores.rollout_states.get(&key);
-    let secret = ctx.rollout_writes.newest(&name, cached);
-    revisions::parse(secret.as_deref(), bundle.meta().uid.as_deref())
+    let secret = ctx.rollout_writes.newest(&secret_name, cached);
+    revisions::parse(secret.as_deref(), uid)
 }
 
 /// The state of each dependency's BundleDeployment by (dependency, cluster namespace).
