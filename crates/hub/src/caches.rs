@@ -40,6 +40,7 @@ pub(crate) struct CacheEvents {
     pub source_config_maps: Events<PartialObjectMeta<ConfigMap>>,
     pub namespaces: Events<PartialObjectMeta<Namespace>>,
     pub leases: Events<Lease>,
+    pub rollout_states: Events<Secret>,
     /// Sources of the other allowed kinds, one stream per kind.
     pub carried: Vec<(CopyableKind, Events<PartialObjectMeta<DynamicObject>>)>,
 }
@@ -158,6 +159,7 @@ where
 pub(crate) fn caches(
     scope: &Scope,
     shard: Option<&str>,
+    own_ns: &str,
     client: &Client,
     discovered: &[DiscoveredKind],
 ) -> (Stores, CacheEvents) {
@@ -215,6 +217,13 @@ pub(crate) fn caches(
         Api::<Lease>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={}", names::AGENT_LEASE)),
     );
+    // The rollout state of this scope's Bundles, in the hub's own namespace, whole: the
+    // Bundle reconcile reads it here instead of a GET (decision 0121).
+    let (rollout_states, rollout_state_events) = reflect(
+        "rollout states",
+        Api::<Secret>::namespaced(client.clone(), own_ns),
+        watcher::Config::default().labels(&rollout_state_selector(scope)),
+    );
     // Sources of other kinds: metadata only (never their content in memory), in the scope's
     // namespace for namespaced kinds, cluster-wide for cluster-scoped ones.
     let mut carried = Vec::new();
@@ -252,6 +261,7 @@ pub(crate) fn caches(
         source_config_maps,
         namespaces,
         leases,
+        rollout_states,
         carried: std::sync::Arc::new(carried),
     };
     let events = CacheEvents {
@@ -266,9 +276,26 @@ pub(crate) fn caches(
         source_config_maps: source_cm_events,
         namespaces: ns_events,
         leases: lease_events,
+        rollout_states: rollout_state_events,
         carried: carried_events,
     };
     (stores, events)
+}
+
+/// The labels every rollout state Secret of `scope` carries since it moved to the hub's own
+/// namespace ([`crate::bundle`]'s `revisions::write_op`, decision 0112), so no Secret the
+/// hub kept there is left out.
+pub(crate) fn rollout_state_selector(scope: &Scope) -> String {
+    let namespace = match scope {
+        Scope::All => labels::BUNDLE_NAMESPACE.to_string(),
+        Scope::Namespace(ns) => format!("{}={ns}", labels::BUNDLE_NAMESPACE),
+    };
+    format!(
+        "{}={},{},{namespace}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE,
+        labels::BUNDLE_NAME
+    )
 }
 
 /// Resolves once every cache has its first full list.
@@ -292,6 +319,7 @@ pub(crate) async fn synced(s: Stores) -> Result<(), Error> {
     wait!(s.source_config_maps, "source configmaps");
     wait!(s.namespaces, "cluster namespaces");
     wait!(s.leases, "agent leases");
+    wait!(s.rollout_states, "rollout states");
     for c in s.carried.iter() {
         c.store
             .wait_until_ready()

@@ -90,6 +90,8 @@ pub(crate) struct Stores {
     pub source_config_maps: Store<PartialObjectMeta<ConfigMap>>,
     pub namespaces: Store<PartialObjectMeta<Namespace>>,
     pub leases: Store<Lease>,
+    /// The rollout state Secrets in the hub's own namespace, whole (decision 0121).
+    pub rollout_states: Store<Secret>,
     /// Sources of the other allowed kinds (metadata only), one cache per kind.
     pub carried: Arc<Vec<CarriedKind>>,
 }
@@ -144,6 +146,8 @@ pub(crate) struct Ctx {
     pub published_chains: Mutex<HashMap<String, String>>,
     /// Where every reconciler of this scope reads the time (a virtual clock in tests).
     pub clock: crate::clock::Clock,
+    /// The rollout state Secrets written a moment ago, until their cache shows them.
+    pub rollout_writes: RolloutWrites,
 }
 
 impl Ctx {
@@ -410,4 +414,189 @@ pub(crate) fn cluster_for_labels(
                 && names::cluster_namespace(workspace, &c.name_any()) == namespace
         })
         .map(|c| ObjectRef::from_obj(c.as_ref()))
+}
+
+/// The rollout state Secrets this process wrote, by name, until the cache
+/// (`Stores::rollout_states`) shows each at or past what was written (decision 0121). A
+/// reconcile that read the cache before the write's watch event arrived would otherwise take
+/// the state before it: a "new" revision, its kept previous revisions dropped, and a later
+/// rollback with nothing to restore.
+#[derive(Debug, Default)]
+pub(crate) struct RolloutWrites(Mutex<WrittenStates>);
+
+#[derive(Debug, Default)]
+struct WrittenStates {
+    by_name: HashMap<String, Arc<Secret>>,
+    /// While the cache relists: the highest resourceVersion listed so far.
+    relisted_up_to: Option<u64>,
+}
+
+impl RolloutWrites {
+    /// The apiserver's answer to a rollout state write.
+    pub(crate) fn record(&self, secret: Secret) {
+        let mut w = self.0.lock().expect("rollout writes");
+        w.by_name.insert(secret.name_any(), Arc::new(secret));
+    }
+
+    /// Forgets `name` (its Bundle went).
+    pub(crate) fn forget(&self, name: &str) {
+        self.0.lock().expect("rollout writes").by_name.remove(name);
+    }
+
+    /// The cache applied `event`: an entry retires once the cache shows its Secret at or past
+    /// the version written, deleted since, or absent from a relist made after the write (one
+    /// that lists any object at or past it).
+    pub(crate) fn seen(&self, event: &kube::runtime::watcher::Event<Secret>) {
+        use kube::runtime::watcher::Event;
+        let mut w = self.0.lock().expect("rollout writes");
+        match event {
+            Event::Init => w.relisted_up_to = Some(0),
+            Event::InitDone => {
+                if let Some(up_to) = w.relisted_up_to.take() {
+                    let up_to = up_to.to_string();
+                    w.by_name
+                        .retain(|_, written| !at_or_past(Some(&up_to), written));
+                }
+            }
+            Event::Apply(s) | Event::InitApply(s) | Event::Delete(s) => {
+                let version = s.resource_version();
+                if let (Event::InitApply(_), Some(up_to)) = (event, w.relisted_up_to.as_mut()) {
+                    let listed = version.as_deref().and_then(|v| v.parse().ok());
+                    *up_to = (*up_to).max(listed.unwrap_or(0));
+                }
+                let name = s.name_any();
+                if w.by_name
+                    .get(&name)
+                    .is_some_and(|written| at_or_past(version.as_deref(), written))
+                {
+                    w.by_name.remove(&name);
+                }
+            }
+        }
+    }
+
+    /// What a reconcile reads for `name`: the cached Secret, or the one written here when the
+    /// cache does not show it yet.
+    pub(crate) fn newest(&self, name: &str, cached: Option<Arc<Secret>>) -> Option<Arc<Secret>> {
+        let mut w = self.0.lock().expect("rollout writes");
+        let Some(written) = w.by_name.get(name) else {
+            return cached;
+        };
+        match cached {
+            Some(c) if at_or_past(c.resource_version().as_deref(), written) => {
+                w.by_name.remove(name);
+                Some(c)
+            }
+            _ => Some(written.clone()),
+        }
+    }
+
+    /// Secrets written and not yet shown by the cache.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.lock().expect("rollout writes").by_name.len()
+    }
+}
+
+/// Whether an object at `version` is the one `written` or a later one. resourceVersions are
+/// opaque; every apiserver backed by etcd (and the fake) gives integers that grow, and a
+/// version that is not one only counts when it is the very one written.
+fn at_or_past(version: Option<&str>, written: &Secret) -> bool {
+    let written = written.resource_version();
+    let number = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok());
+    match (number(version), number(written.as_deref())) {
+        (Some(v), Some(w)) => v >= w,
+        _ => version.is_some() && version == written.as_deref(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+
+    fn state(version: &str) -> Secret {
+        Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some("tender-rollout-ws-app".into()),
+                resource_version: Some(version.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn version(s: Option<Arc<Secret>>) -> Option<String> {
+        s?.resource_version()
+    }
+
+    const NAME: &str = "tender-rollout-ws-app";
+
+    #[test]
+    fn the_write_is_read_until_the_cache_shows_it_or_a_later_version() {
+        let w = RolloutWrites::default();
+        w.record(state("10"));
+        assert_eq!(
+            version(w.newest(NAME, None)),
+            Some("10".into()),
+            "not cached yet"
+        );
+        let older = Some(Arc::new(state("9")));
+        assert_eq!(version(w.newest(NAME, older)), Some("10".into()));
+        let later = Some(Arc::new(state("12")));
+        assert_eq!(version(w.newest(NAME, later)), Some("12".into()));
+        assert_eq!(w.len(), 0, "the cache decides from then on");
+        assert_eq!(w.newest("other", None), None);
+    }
+
+    #[test]
+    fn the_watch_retires_the_write_at_its_echo_a_deletion_or_a_relist() {
+        let w = RolloutWrites::default();
+        w.record(state("10"));
+        w.seen(&Event::Apply(state("9")));
+        assert_eq!(w.len(), 1, "an event from before the write");
+        w.seen(&Event::Apply(state("10")));
+        assert_eq!(w.len(), 0, "its echo");
+
+        w.record(state("20"));
+        w.seen(&Event::Delete(state("25")));
+        assert_eq!(
+            w.len(),
+            0,
+            "deleted since (an administrator clearing the state)"
+        );
+
+        // A relist that lists anything at or past the write shows what is there now, even
+        // without the Secret (deleted while the watch was down) ...
+        w.record(state("30"));
+        w.seen(&Event::Init);
+        let mut another = state("31");
+        another.metadata.name = Some("tender-rollout-ws-other".into());
+        w.seen(&Event::InitApply(another));
+        w.seen(&Event::InitDone);
+        assert_eq!(w.len(), 0);
+        // ... one that may be older than the write does not.
+        w.record(state("40"));
+        w.seen(&Event::Init);
+        w.seen(&Event::InitApply(state("39")));
+        w.seen(&Event::InitDone);
+        assert_eq!(w.len(), 1);
+        w.forget(NAME);
+        assert_eq!(w.len(), 0);
+    }
+
+    #[test]
+    fn a_version_that_is_no_number_counts_only_when_it_is_the_one_written() {
+        let w = RolloutWrites::default();
+        w.record(state("abc"));
+        assert_eq!(
+            version(w.newest(NAME, Some(Arc::new(state("abd"))))),
+            Some("abc".into())
+        );
+        assert_eq!(
+            version(w.newest(NAME, Some(Arc::new(state("abc"))))),
+            Some("abc".into())
+        );
+        assert_eq!(w.len(), 0);
+    }
 }

@@ -84,7 +84,13 @@ fn scope_controllers(
     BoxFuture<'static, Result<(), Error>>,
     BoxFuture<'static, ()>,
 ) {
-    let (stores, events) = caches(&scope, config.shard_id.as_deref(), &client, discovered);
+    let (stores, events) = caches(
+        &scope,
+        config.shard_id.as_deref(),
+        config.own_namespace(),
+        &client,
+        discovered,
+    );
     // Push tasks report state changes here; the Cluster controller writes them to status.
     let (push_tx, push_rx) = futures::channel::mpsc::unbounded();
     let mut push = crate::push::Push::new(
@@ -133,6 +139,7 @@ fn scope_controllers(
         keys: std::sync::RwLock::new(keys),
         published_chains: Mutex::default(),
         clock: crate::clock::Clock::System,
+        rollout_writes: Default::default(),
     });
     let (feeds, inputs) = feeds(&ctx, events);
 

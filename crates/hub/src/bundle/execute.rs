@@ -49,6 +49,9 @@ pub(super) async fn run(
     deletions: Vec<Op>,
 ) -> Result<Writes, Error> {
     let bundle: &Bundle = &seen.bundle;
+    if let Some(w) = waves {
+        write_rollout_state(ctx, w).await?;
+    }
     // A halted gate (invalid strategy or state) releases nothing already deployed.
     let invalid_strategy = bundle.spec.rollout_strategy.is_some() && waves.is_none();
     let fetched = Mutex::new(std::mem::take(&mut seen.fetched));
@@ -112,6 +115,24 @@ pub(super) async fn run(
         }
     }
     Ok(writes)
+}
+
+/// The rollout state and the previous revisions the gate kept, written before any cluster
+/// (a failure then rolls back to what is kept), remembered until the cache shows it
+/// (decision 0121), then the gate's Events.
+async fn write_rollout_state(ctx: &Ctx, waves: &waves::Waves) -> Result<(), Error> {
+    if let Some(op) = &waves.state_write {
+        let outcome = ctx.exec.execute(op.clone()).await?;
+        if let Some(secret) = outcome
+            .object
+            .and_then(|o| serde_json::to_value(o).ok())
+            .and_then(|v| serde_json::from_value(v).ok())
+        {
+            ctx.rollout_writes.record(secret);
+        }
+    }
+    ctx.exec.execute_in_order(waves.events.clone()).await?;
+    Ok(())
 }
 
 /// Writes one cluster's BundleDeployment and copies where they differ from the desired ones,

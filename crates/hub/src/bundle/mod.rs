@@ -150,6 +150,12 @@ async fn cleanup(bundle: &Bundle, ctx: &Ctx) -> Result<Action, Error> {
             .is_some_and(|s| s.unavailable.is_some());
     if rolled_out {
         let shard = ctx.config.shard_id.as_deref();
+        ctx.rollout_writes
+            .forget(&tender_types::names::rollout_secret(
+                &ns,
+                &bundle.name_any(),
+                shard,
+            ));
         ctx.exec
             .execute(revisions::delete_op(
                 bundle,

@@ -216,6 +216,7 @@ mod tests {
             served_elsewhere: BTreeSet::new(),
             upstream: None,
             copy_limit: usize::MAX,
+            rollout: Ok(Default::default()),
         }
     }
 

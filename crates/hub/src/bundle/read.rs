@@ -2,13 +2,15 @@
 //! caches (Clusters, groups, BundleDeployments, copies, the workspace's Bundles for
 //! `dependsOn`), the sources' content hashes (a GET only for a source that changed since it
 //! was hashed), the chart version the poll controller recorded and the status lines reverse
-//! sync left. Nothing is written here but the source index (read before, so a source change
+//! sync left, and the rollout state (its cache in the hub's namespace, or the hub's own last
+//! write of it while the cache does not show that yet, decision 0121). Nothing is written here but the source index (read before, so a source change
 //! after this point always reaches the Bundle again).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
 use tender_types::{
     Bundle, BundleDeployment, BundleState, Cluster, ClusterGroup, UpstreamPublication, names,
 };
@@ -18,6 +20,7 @@ use super::observe;
 use super::ops::{LiveCopy, SourceObject};
 use super::plan::{self, SourceKey, SourceState};
 use super::poll;
+use super::revisions::{self, Kept, Unreadable};
 use crate::Error;
 use crate::context::Ctx;
 
@@ -47,6 +50,8 @@ pub(super) struct Seen {
     pub(super) upstream: Option<Vec<UpstreamPublication>>,
     /// `--max-copied-bytes-per-bundle`.
     pub(super) copy_limit: usize,
+    /// The rollout state and the previous revisions kept (nothing without a strategy).
+    pub(super) rollout: Result<Kept, Unreadable>,
 }
 
 /// Reads what `bundle`'s reconcile needs; `None` while the poll controller has not looked
@@ -101,7 +106,22 @@ pub(super) async fn read(ctx: &Ctx, bundle: &Arc<Bundle>) -> Result<Option<Seen>
         served_elsewhere,
         upstream,
         copy_limit: ctx.config.max_copied_bytes_per_bundle,
+        rollout: match bundle.spec.rollout_strategy {
+            Some(_) => rollout_state(ctx, &ns, &name, bundle.meta().uid.as_deref()),
+            None => Ok(Kept::default()),
+        },
     }))
+}
+
+/// What the rollout Secret of Bundle `ns/name` (of uid `uid`) keeps, checked
+/// ([`revisions::parse`]): the cached Secret, or the one this process wrote while the cache is
+/// older than it.
+fn rollout_state(ctx: &Ctx, ns: &str, name: &str, uid: Option<&str>) -> Result<Kept, Unreadable> {
+    let secret_name = names::rollout_secret(ns, name, ctx.config.shard_id.as_deref());
+    let key = ObjectRef::new(&secret_name).within(ctx.config.own_namespace());
+    let cached = ctx.stores.rollout_states.get(&key);
+    let secret = ctx.rollout_writes.newest(&secret_name, cached);
+    revisions::parse(secret.as_deref(), uid)
 }
 
 /// The state of each dependency's BundleDeployment by (dependency, cluster namespace).

@@ -91,22 +91,6 @@ pub fn revision(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unreadable(pub String);
 
-/// Reads the rollout Secret of `bundle` from the hub's namespace `own_ns` (absent, or kept
-/// for an earlier Bundle of the same name → nothing kept).
-pub async fn read(
-    client: &kube::Client,
-    bundle: &Bundle,
-    shard: Option<&str>,
-    own_ns: &str,
-) -> Result<Result<Kept, Unreadable>, kube::Error> {
-    let ns = bundle.namespace().unwrap_or_default();
-    let api: Api<Secret> = Api::namespaced(client.clone(), own_ns);
-    let secret = api
-        .get_opt(&names::rollout_secret(&ns, &bundle.name_any(), shard))
-        .await?;
-    Ok(parse(secret.as_ref(), bundle.meta().uid.as_deref()))
-}
-
 /// What `secret` keeps for the Bundle of uid `bundle_uid`, checked: the state and snapshot
 /// parse, and every kept spec and copy hashes to the key it is kept under.
 pub fn parse(secret: Option<&Secret>, bundle_uid: Option<&str>) -> Result<Kept, Unreadable> {

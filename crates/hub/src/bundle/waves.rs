@@ -1,8 +1,9 @@
-//! The Bundle reconcile's one call into rollouts: read the kept state, ask the pure gate
-//! ([`super::rollout`]) which clusters are released, and keep the previous revisions it needs
-//! ([`super::revisions`]) before any write. A rolled-back cluster's previous revision is
-//! written by the execute step, through the copy path a release takes
-//! ([`super::execute::write_rollback`]).
+//! The Bundle reconcile's one call into rollouts: ask the pure gate ([`super::rollout`])
+//! which clusters are released, given the kept state the read step found, and keep the
+//! previous revisions it needs ([`super::revisions`]). What the gate decided is returned as
+//! operations — the state write and its Events — that the execute step runs before any
+//! cluster is written; a rolled-back cluster's previous revision is written there too,
+//! through the copy path a release takes ([`super::execute::write_rollback`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -28,6 +29,11 @@ pub(crate) struct Waves {
     pub gate: Gate,
     /// The previous revisions kept.
     pub snapshot: revisions::Snapshot,
+    /// The write of the rollout state and the previous revisions, when either changed: run
+    /// before any cluster is written.
+    pub state_write: Option<tender_runtime::Op>,
+    /// The gate's Events, after the state write.
+    pub events: Vec<tender_runtime::Op>,
 }
 
 /// Everything the gate reads besides the kept state.
@@ -41,6 +47,8 @@ pub(crate) struct GateInput<'a> {
     pub by_ns: &'a HashMap<String, Arc<BundleDeployment>>,
     pub copies_by_ns: &'a HashMap<String, Vec<LiveCopy>>,
     pub sources: &'a BTreeMap<SourceKey, SourceState>,
+    /// What the rollout Secret keeps, as the read step found it.
+    pub kept: &'a Result<revisions::Kept, revisions::Unreadable>,
 }
 
 /// Why the gate answered nothing: nothing is released then but clusters without a
@@ -53,8 +61,8 @@ pub(crate) enum Halt {
 }
 
 /// The reconcile's rollout step for the Bundle `seen` read and its `plan`: the gate's answer
-/// (`None` without a strategy, or when it halts, which `facts` then says), with the gate's
-/// events recorded.
+/// (`None` without a strategy, or when it halts, which `facts` then says), with the state
+/// write and the gate's Events for the execute step.
 pub(crate) async fn step(
     ctx: &Ctx,
     seen: &Seen,
@@ -78,14 +86,13 @@ pub(crate) async fn step(
         by_ns: &seen.existing,
         copies_by_ns: &seen.copies_by_ns,
         sources: &seen.sources,
+        kept: &seen.rollout,
     };
     match gate(ctx, bundle, &input).await? {
-        Ok(w) => {
+        Ok(mut w) => {
             facts.rollout = Some(RolloutFacts::of(&w.gate));
             let reference = bundle.object_ref(&());
-            ctx.exec
-                .execute_in_order(super::events::rollout_events(&reference, &w.gate.events))
-                .await?;
+            w.events = super::events::rollout_events(&reference, &w.gate.events);
             Ok(Some(w))
         }
         // Its Event comes with the status write (events::transition_events).
@@ -105,12 +112,9 @@ pub(crate) async fn gate(
     let name = bundle.name_any();
     let shard = ctx.config.shard_id.as_deref();
     let own_ns = ctx.config.own_namespace();
-    let kept = match revisions::read(&ctx.client, bundle, shard, own_ns)
-        .await
-        .map_err(crate::kube_err("read the rollout state"))?
-    {
+    let kept = match input.kept {
         Ok(kept) => kept,
-        Err(revisions::Unreadable(why)) => return Ok(Err(Halt::InvalidState(why))),
+        Err(revisions::Unreadable(why)) => return Ok(Err(Halt::InvalidState(why.clone()))),
     };
     let labels_of: BTreeMap<&str, &BTreeMap<String, String>> =
         input.views.iter().map(|v| (v.name, v.labels)).collect();
@@ -207,18 +211,14 @@ pub(crate) async fn gate(
     }
     let targeted: BTreeSet<String> = ns_of.keys().map(|c| c.to_string()).collect();
     revisions::prune(&mut snapshot, &targeted);
-    if kept.state.as_ref() != Some(&gate.state) || kept.snapshot != snapshot {
-        ctx.exec
-            .execute(revisions::write_op(
-                bundle,
-                shard,
-                own_ns,
-                &gate.state,
-                &snapshot,
-            ))
-            .await?;
-    }
-    Ok(Ok(Waves { gate, snapshot }))
+    let state_write = (kept.state.as_ref() != Some(&gate.state) || kept.snapshot != snapshot)
+        .then(|| revisions::write_op(bundle, shard, own_ns, &gate.state, &snapshot));
+    Ok(Ok(Waves {
+        gate,
+        snapshot,
+        state_write,
+        events: Vec::new(),
+    }))
 }
 
 /// The decision for `cluster` (release when there is no gate).

@@ -445,6 +445,56 @@ async fn a_wave_not_ready_by_its_deadline_is_rolled_back() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_rollout_state_is_read_from_its_cache_not_from_the_apiserver() {
+    let hub = rolled_out_in_waves().await;
+    hub.fake.take_requests();
+    hub.reconcile_bundle("app").await;
+    let rollout_requests: Vec<String> = hub
+        .fake
+        .take_requests()
+        .iter()
+        .filter(|r| r.path.contains("/secrets/tender-rollout-"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert_eq!(rollout_requests, Vec::<String>::new());
+}
+
+/// Decision 0121: a reconcile that runs before the cache shows the hub's own last write of
+/// the rollout state must not take the state before it as the truth — that would start the
+/// revision anew, drop the previous revision kept for wave 1, and the rollback past the
+/// deadline would have nothing to restore.
+#[tokio::test(start_paused = true)]
+async fn a_rollback_restores_the_kept_revision_while_the_state_cache_lags_the_hubs_write() {
+    let hub = rolled_out_in_waves().await;
+    // The rollout state cache keeps showing the state of revision v1 from here on.
+    hub.lag_rollout_cache(true);
+    hub.secret("db", &[("password", "bad")]);
+    hub.reconcile_bundle("app").await;
+    assert_eq!(copied_password(&hub, "one").as_deref(), Some("bad"));
+    assert_eq!(hub.ctx.rollout_writes.len(), 1, "the write is remembered");
+    hub.take_writes();
+
+    // Within the deadline: nothing is released again, nothing new is kept.
+    tokio::time::advance(Duration::from_secs(299)).await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(hub.take_writes(), [format!("status bundles {WS}/app")]);
+    // Past it, wave 1 gets v1 back: the revision kept before the rotation was not dropped.
+    tokio::time::advance(Duration::from_secs(2)).await;
+    hub.reconcile_bundle("app").await;
+    let writes = cluster_writes(&hub.take_writes());
+    assert_eq!(writes, [copy_write("one")]);
+    assert_eq!(copied_password(&hub, "one").as_deref(), Some("v1"));
+    assert_eq!(copied_password(&hub, "two").as_deref(), Some("v1"));
+
+    // The cache catches up: the memo retires and the cache decides, with nothing to write.
+    hub.lag_rollout_cache(false);
+    hub.sync();
+    assert_eq!(hub.ctx.rollout_writes.len(), 0);
+    hub.reconcile_bundle("app").await;
+    assert_eq!(cluster_writes(&hub.take_writes()), Vec::<String>::new());
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_deployment_too_large_for_one_cluster_is_reported_and_the_others_written() {
     let hub = TestHub::new();
     hub.cluster("one", &[("env", "prod")]);

@@ -53,6 +53,7 @@ struct Writers {
     source_config_maps: Writer<PartialObjectMeta<ConfigMap>>,
     namespaces: Writer<PartialObjectMeta<Namespace>>,
     leases: Writer<Lease>,
+    rollout_states: Writer<Secret>,
 }
 
 /// One scope of the hub (every namespace, unsharded) over a fake apiserver.
@@ -60,6 +61,8 @@ pub(crate) struct TestHub {
     pub fake: FakeApiserver,
     pub ctx: Arc<Ctx>,
     writers: Mutex<Writers>,
+    /// While set, [`TestHub::sync`] leaves the rollout state cache as it is: its watch is late.
+    rollout_cache_lags: std::sync::atomic::AtomicBool,
 }
 
 /// The configuration tests run with: copying on, everything else as shipped.
@@ -110,6 +113,7 @@ impl TestHub {
         let (source_config_maps, source_cms_w) = reflector::store();
         let (namespaces, namespaces_w) = reflector::store();
         let (leases, leases_w) = reflector::store();
+        let (rollout_states, rollout_states_w) = reflector::store();
         let stores = Stores {
             bundles,
             clusters,
@@ -122,6 +126,7 @@ impl TestHub {
             source_config_maps,
             namespaces,
             leases,
+            rollout_states,
             carried: Arc::new(Vec::new()),
         };
         let (push_tx, _push_rx) = futures::channel::mpsc::unbounded();
@@ -153,6 +158,7 @@ impl TestHub {
             keys: std::sync::RwLock::new(Arc::new(crate::signing::test_keys().0)),
             published_chains: Mutex::default(),
             clock,
+            rollout_writes: Default::default(),
         });
         let writers = Writers {
             bundles: bundles_w,
@@ -166,11 +172,13 @@ impl TestHub {
             source_config_maps: source_cms_w,
             namespaces: namespaces_w,
             leases: leases_w,
+            rollout_states: rollout_states_w,
         };
         let hub = Self {
             fake,
             ctx,
             writers: Mutex::new(writers),
+            rollout_cache_lags: Default::default(),
         };
         hub.sync();
         hub
@@ -224,6 +232,12 @@ impl TestHub {
         );
         fill(&self.fake, &mut w.namespaces, |m| labelled(m, ours), |_| {});
         fill(&self.fake, &mut w.leases, agent_lease, |_| {});
+        if !self
+            .rollout_cache_lags
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            self.sync_rollout_states(&mut w.rollout_states);
+        }
 
         let mut index = self.ctx.bd_names.lock().expect("bd index");
         index.clear();
@@ -256,6 +270,44 @@ impl TestHub {
         for key in keys {
             memo.forget(&key);
         }
+    }
+
+    /// The rollout state cache as its watch fills it (the hub's own namespace, its labels),
+    /// each event also handed to the memo of the hub's own writes, as the feed does.
+    fn sync_rollout_states(&self, writer: &mut Writer<Secret>) {
+        let own_ns = self.ctx.config.own_namespace();
+        let selected = |m: &kube::api::ObjectMeta| {
+            m.namespace.as_deref() == Some(own_ns)
+                && labelled(m, |l| {
+                    l.get(labels::MANAGED_BY).map(String::as_str) == Some(labels::MANAGED_BY_VALUE)
+                        && l.contains_key(labels::BUNDLE_NAME)
+                        && l.contains_key(labels::BUNDLE_NAMESPACE)
+                })
+        };
+        let objects: Vec<Secret> = self
+            .fake
+            .all::<Secret>()
+            .into_iter()
+            .filter(|o| selected(&o.metadata))
+            .map(|mut o| {
+                o.metadata.managed_fields = None;
+                o
+            })
+            .collect();
+        let events = std::iter::once(watcher::Event::Init)
+            .chain(objects.into_iter().map(watcher::Event::InitApply))
+            .chain(std::iter::once(watcher::Event::InitDone));
+        for event in events {
+            writer.apply_watcher_event(&event);
+            self.ctx.rollout_writes.seen(&event);
+        }
+    }
+
+    /// From now on the rollout state cache lags: [`TestHub::sync`] no longer refreshes it
+    /// (`false` lets it catch up at the next sync).
+    pub(crate) fn lag_rollout_cache(&self, lags: bool) {
+        self.rollout_cache_lags
+            .store(lags, std::sync::atomic::Ordering::SeqCst);
     }
 
     // --- seeding ---

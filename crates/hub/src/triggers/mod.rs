@@ -168,6 +168,7 @@ pub(crate) fn feeds(
         ),
         namespace_feed(ctx.clone(), t.clone(), meta_events(events.namespaces)),
         lease_feed(ctx.clone(), t.clone(), events.leases),
+        rollout_state_feed(ctx.clone(), t.clone(), events.rollout_states),
     ];
     for (kind, events) in events.carried {
         feeds.push(carried_source_feed(
@@ -490,6 +491,24 @@ fn bundle_deployment_feed(
         }
         if let Some(c) = bd.namespace().and_then(|ns| ctx.cluster_of_namespace(&ns)) {
             t.cluster(c);
+        }
+    })
+}
+
+/// Rollout state Secrets: each event retires the memo of the hub's own write it shows
+/// (decision 0121); a deletion (an administrator clearing an invalid state) wakes the Bundle.
+/// The hub's own writes wake nothing: the reconcile that wrote already acted on them.
+fn rollout_state_feed(
+    ctx: Arc<Ctx>,
+    t: Triggers,
+    events: Events<Secret>,
+) -> BoxFuture<'static, ()> {
+    drive(events, move |event| {
+        ctx.rollout_writes.seen(event);
+        if let watcher::Event::Delete(secret) = event
+            && let Some(b) = bundle_of(&secret.metadata)
+        {
+            t.bundle(b);
         }
     })
 }
