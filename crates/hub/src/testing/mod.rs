@@ -60,6 +60,13 @@ pub(crate) struct TestHub {
     pub fake: FakeApiserver,
     pub ctx: Arc<Ctx>,
     writers: Mutex<Writers>,
+    /// The poll controller's context: its own executor and field manager (decision
+    /// 0113-chart-polling-controller).
+    poll: Arc<crate::poll::PollCtx>,
+    /// The reverse-sync controller's context (decision 0114-reverse-sync-controller).
+    upstream: Arc<crate::upstream::UpstreamCtx>,
+    /// What reverse sync sent to wake the Bundle controller (its status lines changed).
+    lines_changed: Mutex<futures::channel::mpsc::UnboundedReceiver<ObjectRef<Bundle>>>,
 }
 
 /// The configuration tests run with: copying on, everything else as shipped.
@@ -167,10 +174,33 @@ impl TestHub {
             namespaces: namespaces_w,
             leases: leases_w,
         };
+        let poll = Arc::new(crate::poll::PollCtx {
+            exec: Executor::new(
+                ctx.client.clone(),
+                &crate::poll::field_manager(),
+                Recorder::new(
+                    ctx.client.clone(),
+                    Reporter {
+                        controller: labels::HUB_FIELD_MANAGER.to_string(),
+                        instance: Some("test".into()),
+                    },
+                ),
+                ctx.metrics.clone(),
+            ),
+            ctx: ctx.clone(),
+        });
+        let (lines_tx, lines_rx) = futures::channel::mpsc::unbounded();
+        let upstream = Arc::new(crate::upstream::UpstreamCtx {
+            ctx: ctx.clone(),
+            lines_changed: lines_tx,
+        });
         let hub = Self {
             fake,
             ctx,
             writers: Mutex::new(writers),
+            poll,
+            upstream,
+            lines_changed: Mutex::new(lines_rx),
         };
         hub.sync();
         hub
@@ -253,8 +283,10 @@ impl TestHub {
                     .map(|o| key_of::<Cluster>(o.meta())),
             )
             .collect::<Vec<_>>();
+        let poll_memo = self.poll.exec.memo();
         for key in keys {
             memo.forget(&key);
+            poll_memo.forget(&key);
         }
     }
 
@@ -404,6 +436,47 @@ impl TestHub {
         action
     }
 
+    /// Runs the poll controller's reconcile of Bundle `name` (a look at its chart repository
+    /// when one is due, the outcome recorded in status), then refreshes the caches.
+    pub(crate) async fn reconcile_poll(&self, name: &str) -> Action {
+        let bundle = self.cached_bundle(name);
+        let action = crate::poll::reconcile(bundle, self.poll.clone())
+            .await
+            .expect("the poll reconcile");
+        self.sync();
+        action
+    }
+
+    /// Runs the reverse-sync controller's reconcile of Bundle `name`, then refreshes the
+    /// caches.
+    pub(crate) async fn reconcile_upstream(&self, name: &str) -> Action {
+        let bundle = self.cached_bundle(name);
+        let action = crate::upstream::reconcile(bundle, self.upstream.clone())
+            .await
+            .expect("the reverse-sync reconcile");
+        self.sync();
+        action
+    }
+
+    /// The Bundles reverse sync woke the Bundle controller for since the last call (their
+    /// status lines changed), by name.
+    pub(crate) fn take_lines_changed(&self) -> Vec<String> {
+        let mut rx = self.lines_changed.lock().expect("lines receiver");
+        let mut woken = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            woken.push(r.name);
+        }
+        woken
+    }
+
+    fn cached_bundle(&self, name: &str) -> Arc<Bundle> {
+        self.ctx
+            .stores
+            .bundles
+            .get(&ObjectRef::new(name).within(WS))
+            .expect("a cached Bundle")
+    }
+
     // --- reading ---
 
     /// The writes recorded since the last call, events left out, as `verb resource ns/name`
@@ -516,3 +589,9 @@ mod bundle_tests;
 
 #[cfg(test)]
 mod cluster_tests;
+
+#[cfg(test)]
+mod poll_tests;
+
+#[cfg(test)]
+mod upstream_tests;
