@@ -350,6 +350,30 @@ impl TestHub {
         self.sync();
     }
 
+    /// A HelmOp in [`WS`] (`spec` as JSON) with its cleanup finalizer in place.
+    pub(crate) fn helmop(&self, name: &str, spec: Value) -> HelmOp {
+        let helmop = self.put::<HelmOp>(json!({
+            "metadata": {
+                "name": name,
+                "namespace": WS,
+                "finalizers": [labels::HELMOP_CLEANUP_FINALIZER],
+            },
+            "spec": spec,
+        }));
+        self.sync();
+        helmop
+    }
+
+    /// A ClusterGroup in [`WS`] selecting Clusters by `selector` (a label selector as JSON).
+    pub(crate) fn group(&self, name: &str, selector: Value) -> ClusterGroup {
+        let group = self.put::<ClusterGroup>(json!({
+            "metadata": {"name": name, "namespace": WS},
+            "spec": {"selector": selector},
+        }));
+        self.sync();
+        group
+    }
+
     /// Changes a stored object as someone else would (a user, the agent), then syncs.
     pub(crate) fn edit<K: Resource<DynamicType = ()>>(
         &self,
@@ -454,6 +478,36 @@ impl TestHub {
         let action = crate::upstream::reconcile(bundle, self.upstream.clone())
             .await
             .expect("the reverse-sync reconcile");
+        self.sync();
+        action
+    }
+
+    /// Runs the HelmOp controller's reconcile of `name`, then refreshes the caches.
+    pub(crate) async fn reconcile_helmop(&self, name: &str) -> Action {
+        let helmop = self
+            .ctx
+            .stores
+            .helmops
+            .get(&ObjectRef::new(name).within(WS))
+            .expect("a cached HelmOp");
+        let action = crate::helmop::reconcile(helmop, self.ctx.clone())
+            .await
+            .expect("the HelmOp reconcile");
+        self.sync();
+        action
+    }
+
+    /// Runs the ClusterGroup controller's reconcile of `name`, then refreshes the caches.
+    pub(crate) async fn reconcile_group(&self, name: &str) -> Action {
+        let group = self
+            .ctx
+            .stores
+            .groups
+            .get(&ObjectRef::new(name).within(WS))
+            .expect("a cached ClusterGroup");
+        let action = crate::group::reconcile(group, self.ctx.clone())
+            .await
+            .expect("the ClusterGroup reconcile");
         self.sync();
         action
     }
@@ -589,6 +643,12 @@ mod bundle_tests;
 
 #[cfg(test)]
 mod cluster_tests;
+
+#[cfg(test)]
+mod group_tests;
+
+#[cfg(test)]
+mod helmop_tests;
 
 #[cfg(test)]
 mod poll_tests;
