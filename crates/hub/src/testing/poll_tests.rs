@@ -156,8 +156,11 @@ fn deployed_version(hub: &TestHub, cluster: &str) -> Option<String> {
     bd.spec.helm?.version
 }
 
-/// The Bundle's `status.version` and its `Polled` condition (status, reason, generation).
-fn recorded(hub: &TestHub) -> (Option<String>, Option<(String, String, Option<i64>)>) {
+/// A `Polled` condition: status, reason, observedGeneration.
+type Polled = (String, String, Option<i64>);
+
+/// The Bundle's `status.version` and its `Polled` condition.
+fn recorded(hub: &TestHub) -> (Option<String>, Option<Polled>) {
     let bundle: Bundle = hub.get(Some(WS), "app").expect("the Bundle");
     let status = bundle.status.unwrap_or_default();
     let polled = conditions::find_condition(&status.conditions, TYPE_POLLED)
