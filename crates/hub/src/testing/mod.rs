@@ -431,83 +431,46 @@ impl TestHub {
     /// Runs the Bundle controller's reconcile of `name` on the cached Bundle, as the
     /// controller would, then refreshes the caches.
     pub(crate) async fn reconcile_bundle(&self, name: &str) -> Action {
-        let bundle = self
-            .ctx
-            .stores
-            .bundles
-            .get(&ObjectRef::new(name).within(WS))
-            .expect("a cached Bundle");
-        let action = crate::bundle::reconcile(bundle, self.ctx.clone())
-            .await
-            .expect("the Bundle reconcile");
-        self.sync();
-        action
+        let bundle = cached(&self.ctx.stores.bundles, name);
+        self.settle(crate::bundle::reconcile(bundle, self.ctx.clone()).await)
     }
 
     /// Runs the Cluster controller's reconcile of `name` on the cached Cluster, then refreshes
     /// the caches.
     pub(crate) async fn reconcile_cluster(&self, name: &str) -> Action {
-        let cluster = self
-            .ctx
-            .stores
-            .clusters
-            .get(&ObjectRef::new(name).within(WS))
-            .expect("a cached Cluster");
-        let action = crate::cluster::reconcile(cluster, self.ctx.clone())
-            .await
-            .expect("the Cluster reconcile");
-        self.sync();
-        action
+        let cluster = cached(&self.ctx.stores.clusters, name);
+        self.settle(crate::cluster::reconcile(cluster, self.ctx.clone()).await)
     }
 
     /// Runs the poll controller's reconcile of Bundle `name` (a look at its chart repository
     /// when one is due, the outcome recorded in status), then refreshes the caches.
     pub(crate) async fn reconcile_poll(&self, name: &str) -> Action {
-        let bundle = self.cached_bundle(name);
-        let action = crate::poll::reconcile(bundle, self.poll.clone())
-            .await
-            .expect("the poll reconcile");
-        self.sync();
-        action
+        let bundle = cached(&self.ctx.stores.bundles, name);
+        self.settle(crate::poll::reconcile(bundle, self.poll.clone()).await)
     }
 
     /// Runs the reverse-sync controller's reconcile of Bundle `name`, then refreshes the
     /// caches.
     pub(crate) async fn reconcile_upstream(&self, name: &str) -> Action {
-        let bundle = self.cached_bundle(name);
-        let action = crate::upstream::reconcile(bundle, self.upstream.clone())
-            .await
-            .expect("the reverse-sync reconcile");
-        self.sync();
-        action
+        let bundle = cached(&self.ctx.stores.bundles, name);
+        self.settle(crate::upstream::reconcile(bundle, self.upstream.clone()).await)
     }
 
     /// Runs the HelmOp controller's reconcile of `name`, then refreshes the caches.
     pub(crate) async fn reconcile_helmop(&self, name: &str) -> Action {
-        let helmop = self
-            .ctx
-            .stores
-            .helmops
-            .get(&ObjectRef::new(name).within(WS))
-            .expect("a cached HelmOp");
-        let action = crate::helmop::reconcile(helmop, self.ctx.clone())
-            .await
-            .expect("the HelmOp reconcile");
-        self.sync();
-        action
+        let helmop = cached(&self.ctx.stores.helmops, name);
+        self.settle(crate::helmop::reconcile(helmop, self.ctx.clone()).await)
     }
 
     /// Runs the ClusterGroup controller's reconcile of `name`, then refreshes the caches.
     pub(crate) async fn reconcile_group(&self, name: &str) -> Action {
-        let group = self
-            .ctx
-            .stores
-            .groups
-            .get(&ObjectRef::new(name).within(WS))
-            .expect("a cached ClusterGroup");
-        let action = crate::group::reconcile(group, self.ctx.clone())
-            .await
-            .expect("the ClusterGroup reconcile");
+        let group = cached(&self.ctx.stores.groups, name);
+        self.settle(crate::group::reconcile(group, self.ctx.clone()).await)
+    }
+
+    /// A reconcile's outcome, which must be a success, after the caches were refreshed.
+    fn settle(&self, outcome: Result<Action, crate::Error>) -> Action {
+        let action = outcome.unwrap_or_else(|e| panic!("the reconcile failed: {e:?}"));
         self.sync();
         action
     }
@@ -521,14 +484,6 @@ impl TestHub {
             woken.push(r.name);
         }
         woken
-    }
-
-    fn cached_bundle(&self, name: &str) -> Arc<Bundle> {
-        self.ctx
-            .stores
-            .bundles
-            .get(&ObjectRef::new(name).within(WS))
-            .expect("a cached Bundle")
     }
 
     // --- reading ---
@@ -586,6 +541,16 @@ pub(crate) fn describe(r: &Recorded) -> String {
         Some(ns) => format!("{verb} {resource} {ns}/{name}"),
         None => format!("{verb} {resource} {name}"),
     }
+}
+
+/// The cached object `name` in [`WS`] (a reconcile's trigger).
+fn cached<K>(store: &kube::runtime::reflector::Store<K>, name: &str) -> Arc<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .get(&ObjectRef::new(name).within(WS))
+        .unwrap_or_else(|| panic!("a cached {} {name}", K::kind(&())))
 }
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
