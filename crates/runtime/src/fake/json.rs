@@ -6,23 +6,14 @@ use serde_json::Value;
 /// Merges `patch` into `target` (RFC 7386: objects merge key by key, `null` removes a key,
 /// anything else replaces).
 pub(super) fn merge(target: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Default::default());
-    }
-    let Value::Object(map) = target else {
-        return;
-    };
-    for (key, value) in patch {
-        if value.is_null() {
-            map.remove(key);
-        } else {
-            merge(map.entry(key.clone()).or_insert(Value::Null), value);
-        }
-    }
+    merge_into(target, patch, false);
+}
+
+/// Merges an applied object into `target` as server-side apply does: like [`merge`], except
+/// that the lists of [`LIST_MAPS`] merge entry by entry (an applied entry merges into the
+/// entry with its key, or is added).
+pub(super) fn merge_applied(target: &mut Value, patch: &Value) {
+    merge_into(target, patch, true);
 }
 
 /// Lists tender's CRDs declare `x-kubernetes-list-type: map`, and their key: server-side
@@ -38,10 +29,7 @@ fn list_key(field: &str) -> Option<&'static str> {
         .map(|(_, key)| *key)
 }
 
-/// Merges an applied object into `target` as server-side apply does: like [`merge`], except
-/// that the lists of [`LIST_MAPS`] merge entry by entry (an applied entry merges into the
-/// entry with its key, or is added).
-pub(super) fn merge_applied(target: &mut Value, patch: &Value) {
+fn merge_into(target: &mut Value, patch: &Value, list_maps: bool) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
         return;
@@ -58,16 +46,17 @@ pub(super) fn merge_applied(target: &mut Value, patch: &Value) {
             continue;
         }
         let slot = map.entry(field.clone()).or_insert(Value::Null);
-        match (list_key(field), value, &mut *slot) {
+        let key = list_key(field).filter(|_| list_maps);
+        match (key, value, &mut *slot) {
             (Some(key), Value::Array(entries), Value::Array(list)) => {
                 for entry in entries {
                     match list.iter_mut().find(|e| same_entry(e, entry, key)) {
-                        Some(existing) => merge_applied(existing, entry),
+                        Some(existing) => merge_into(existing, entry, true),
                         None => list.push(entry.clone()),
                     }
                 }
             }
-            _ => merge_applied(slot, value),
+            _ => merge_into(slot, value, list_maps),
         }
     }
 }
