@@ -6,7 +6,11 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's monotonic clock, the system's unless a test paused it (decision
+// 0116-hub-clock-and-fake-apiserver): the interval between looks is then virtual time too.
+use tokio::time::Instant;
 
 use tender_chartrepo::{Budget, Http, Session, Side, Trust, parse_reference, system_roots};
 use tender_types::HelmOptions;

@@ -63,6 +63,13 @@ pub(crate) struct TestHub {
     writers: Mutex<Writers>,
     /// While set, [`TestHub::sync`] leaves the rollout state cache as it is: its watch is late.
     rollout_cache_lags: std::sync::atomic::AtomicBool,
+    /// The poll controller's context: its own executor and field manager (decision
+    /// 0113-chart-polling-controller).
+    poll: Arc<crate::poll::PollCtx>,
+    /// The reverse-sync controller's context (decision 0114-reverse-sync-controller).
+    upstream: Arc<crate::upstream::UpstreamCtx>,
+    /// What reverse sync sent to wake the Bundle controller (its status lines changed).
+    lines_changed: Mutex<futures::channel::mpsc::UnboundedReceiver<ObjectRef<Bundle>>>,
 }
 
 /// The configuration tests run with: copying on, everything else as shipped.
@@ -174,11 +181,34 @@ impl TestHub {
             leases: leases_w,
             rollout_states: rollout_states_w,
         };
+        let poll = Arc::new(crate::poll::PollCtx {
+            exec: Executor::new(
+                ctx.client.clone(),
+                &crate::poll::field_manager(),
+                Recorder::new(
+                    ctx.client.clone(),
+                    Reporter {
+                        controller: labels::HUB_FIELD_MANAGER.to_string(),
+                        instance: Some("test".into()),
+                    },
+                ),
+                ctx.metrics.clone(),
+            ),
+            ctx: ctx.clone(),
+        });
+        let (lines_tx, lines_rx) = futures::channel::mpsc::unbounded();
+        let upstream = Arc::new(crate::upstream::UpstreamCtx {
+            ctx: ctx.clone(),
+            lines_changed: lines_tx,
+        });
         let hub = Self {
             fake,
             ctx,
             writers: Mutex::new(writers),
             rollout_cache_lags: Default::default(),
+            poll,
+            upstream,
+            lines_changed: Mutex::new(lines_rx),
         };
         hub.sync();
         hub
@@ -267,8 +297,10 @@ impl TestHub {
                     .map(|o| key_of::<Cluster>(o.meta())),
             )
             .collect::<Vec<_>>();
+        let poll_memo = self.poll.exec.memo();
         for key in keys {
             memo.forget(&key);
+            poll_memo.forget(&key);
         }
     }
 
@@ -370,6 +402,30 @@ impl TestHub {
         self.sync();
     }
 
+    /// A HelmOp in [`WS`] (`spec` as JSON) with its cleanup finalizer in place.
+    pub(crate) fn helmop(&self, name: &str, spec: Value) -> HelmOp {
+        let helmop = self.put::<HelmOp>(json!({
+            "metadata": {
+                "name": name,
+                "namespace": WS,
+                "finalizers": [labels::HELMOP_CLEANUP_FINALIZER],
+            },
+            "spec": spec,
+        }));
+        self.sync();
+        helmop
+    }
+
+    /// A ClusterGroup in [`WS`] selecting Clusters by `selector` (a label selector as JSON).
+    pub(crate) fn group(&self, name: &str, selector: Value) -> ClusterGroup {
+        let group = self.put::<ClusterGroup>(json!({
+            "metadata": {"name": name, "namespace": WS},
+            "spec": {"selector": selector},
+        }));
+        self.sync();
+        group
+    }
+
     /// Changes a stored object as someone else would (a user, the agent), then syncs.
     pub(crate) fn edit<K: Resource<DynamicType = ()>>(
         &self,
@@ -427,33 +483,59 @@ impl TestHub {
     /// Runs the Bundle controller's reconcile of `name` on the cached Bundle, as the
     /// controller would, then refreshes the caches.
     pub(crate) async fn reconcile_bundle(&self, name: &str) -> Action {
-        let bundle = self
-            .ctx
-            .stores
-            .bundles
-            .get(&ObjectRef::new(name).within(WS))
-            .expect("a cached Bundle");
-        let action = crate::bundle::reconcile(bundle, self.ctx.clone())
-            .await
-            .expect("the Bundle reconcile");
-        self.sync();
-        action
+        let bundle = cached(&self.ctx.stores.bundles, name);
+        self.settle(crate::bundle::reconcile(bundle, self.ctx.clone()).await)
     }
 
     /// Runs the Cluster controller's reconcile of `name` on the cached Cluster, then refreshes
     /// the caches.
     pub(crate) async fn reconcile_cluster(&self, name: &str) -> Action {
-        let cluster = self
-            .ctx
-            .stores
-            .clusters
-            .get(&ObjectRef::new(name).within(WS))
-            .expect("a cached Cluster");
-        let action = crate::cluster::reconcile(cluster, self.ctx.clone())
-            .await
-            .expect("the Cluster reconcile");
+        let cluster = cached(&self.ctx.stores.clusters, name);
+        self.settle(crate::cluster::reconcile(cluster, self.ctx.clone()).await)
+    }
+
+    /// Runs the poll controller's reconcile of Bundle `name` (a look at its chart repository
+    /// when one is due, the outcome recorded in status), then refreshes the caches.
+    pub(crate) async fn reconcile_poll(&self, name: &str) -> Action {
+        let bundle = cached(&self.ctx.stores.bundles, name);
+        self.settle(crate::poll::reconcile(bundle, self.poll.clone()).await)
+    }
+
+    /// Runs the reverse-sync controller's reconcile of Bundle `name`, then refreshes the
+    /// caches.
+    pub(crate) async fn reconcile_upstream(&self, name: &str) -> Action {
+        let bundle = cached(&self.ctx.stores.bundles, name);
+        self.settle(crate::upstream::reconcile(bundle, self.upstream.clone()).await)
+    }
+
+    /// Runs the HelmOp controller's reconcile of `name`, then refreshes the caches.
+    pub(crate) async fn reconcile_helmop(&self, name: &str) -> Action {
+        let helmop = cached(&self.ctx.stores.helmops, name);
+        self.settle(crate::helmop::reconcile(helmop, self.ctx.clone()).await)
+    }
+
+    /// Runs the ClusterGroup controller's reconcile of `name`, then refreshes the caches.
+    pub(crate) async fn reconcile_group(&self, name: &str) -> Action {
+        let group = cached(&self.ctx.stores.groups, name);
+        self.settle(crate::group::reconcile(group, self.ctx.clone()).await)
+    }
+
+    /// A reconcile's outcome, which must be a success, after the caches were refreshed.
+    fn settle(&self, outcome: Result<Action, crate::Error>) -> Action {
+        let action = outcome.unwrap_or_else(|e| panic!("the reconcile failed: {e:?}"));
         self.sync();
         action
+    }
+
+    /// The Bundles reverse sync woke the Bundle controller for since the last call (their
+    /// status lines changed), by name.
+    pub(crate) fn take_lines_changed(&self) -> Vec<String> {
+        let mut rx = self.lines_changed.lock().expect("lines receiver");
+        let mut woken = Vec::new();
+        while let Ok(r) = rx.try_recv() {
+            woken.push(r.name);
+        }
+        woken
     }
 
     // --- reading ---
@@ -513,6 +595,16 @@ pub(crate) fn describe(r: &Recorded) -> String {
     }
 }
 
+/// The cached object `name` in [`WS`] (a reconcile's trigger).
+fn cached<K>(store: &kube::runtime::reflector::Store<K>, name: &str) -> Arc<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    store
+        .get(&ObjectRef::new(name).within(WS))
+        .unwrap_or_else(|| panic!("a cached {} {name}", K::kind(&())))
+}
+
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
@@ -568,3 +660,15 @@ mod bundle_tests;
 
 #[cfg(test)]
 mod cluster_tests;
+
+#[cfg(test)]
+mod group_tests;
+
+#[cfg(test)]
+mod helmop_tests;
+
+#[cfg(test)]
+mod poll_tests;
+
+#[cfg(test)]
+mod upstream_tests;

@@ -6,6 +6,30 @@ use serde_json::Value;
 /// Merges `patch` into `target` (RFC 7386: objects merge key by key, `null` removes a key,
 /// anything else replaces).
 pub(super) fn merge(target: &mut Value, patch: &Value) {
+    merge_into(target, patch, false);
+}
+
+/// Merges an applied object into `target` as server-side apply does: like [`merge`], except
+/// that the lists of [`LIST_MAPS`] merge entry by entry (an applied entry merges into the
+/// entry with its key, or is added).
+pub(super) fn merge_applied(target: &mut Value, patch: &Value) {
+    merge_into(target, patch, true);
+}
+
+/// Lists tender's CRDs declare `x-kubernetes-list-type: map`, and their key: server-side
+/// apply merges them entry by entry, so each field manager owns its own entries (the poller's
+/// `Polled` condition beside the Bundle controller's, one `shards` entry per replica). Every
+/// other list is atomic: an apply replaces it.
+const LIST_MAPS: &[(&str, &str)] = &[("conditions", "type"), ("shards", "id")];
+
+fn list_key(field: &str) -> Option<&'static str> {
+    LIST_MAPS
+        .iter()
+        .find(|(name, _)| *name == field)
+        .map(|(_, key)| *key)
+}
+
+fn merge_into(target: &mut Value, patch: &Value, list_maps: bool) {
     let Value::Object(patch) = patch else {
         *target = patch.clone();
         return;
@@ -16,28 +40,66 @@ pub(super) fn merge(target: &mut Value, patch: &Value) {
     let Value::Object(map) = target else {
         return;
     };
-    for (key, value) in patch {
+    for (field, value) in patch {
         if value.is_null() {
-            map.remove(key);
-        } else {
-            merge(map.entry(key.clone()).or_insert(Value::Null), value);
+            map.remove(field);
+            continue;
+        }
+        let slot = map.entry(field.clone()).or_insert(Value::Null);
+        let key = list_key(field).filter(|_| list_maps);
+        match (key, value, &mut *slot) {
+            (Some(key), Value::Array(entries), Value::Array(list)) => {
+                for entry in entries {
+                    match list.iter_mut().find(|e| same_entry(e, entry, key)) {
+                        Some(existing) => merge_into(existing, entry, true),
+                        None => list.push(entry.clone()),
+                    }
+                }
+            }
+            _ => merge_into(slot, value, list_maps),
         }
     }
 }
 
+fn same_entry(a: &Value, b: &Value, key: &str) -> bool {
+    a.get(key).is_some() && a.get(key) == b.get(key)
+}
+
 /// Removes from `target` the fields `before` set and `now` no longer does (server-side
 /// apply's removal of fields its manager stopped applying; no ownership between managers).
+/// In the lists of [`LIST_MAPS`] only the entries it stopped applying go.
 pub(super) fn drop_unapplied(target: &mut Value, before: &Value, now: &Value) {
     let (Value::Object(target), Value::Object(before)) = (target, before) else {
         return;
     };
-    for (key, old) in before {
-        match now.get(key) {
+    for (field, old) in before {
+        if let (Some(key), Some(Value::Array(list)), Value::Array(old_entries)) =
+            (list_key(field), target.get_mut(field), old)
+        {
+            let new_entries = now.get(field).and_then(Value::as_array);
+            for old_entry in old_entries {
+                let applied =
+                    new_entries.and_then(|n| n.iter().find(|e| same_entry(e, old_entry, key)));
+                match applied {
+                    Some(new_entry) => {
+                        if let Some(t) = list.iter_mut().find(|e| same_entry(e, old_entry, key)) {
+                            drop_unapplied(t, old_entry, new_entry);
+                        }
+                    }
+                    None => list.retain(|e| !same_entry(e, old_entry, key)),
+                }
+            }
+            if list.is_empty() {
+                target.remove(field);
+            }
+            continue;
+        }
+        match now.get(field) {
             None => {
-                target.remove(key);
+                target.remove(field);
             }
             Some(new) => {
-                if let Some(t) = target.get_mut(key) {
+                if let Some(t) = target.get_mut(field) {
                     drop_unapplied(t, old, new);
                 }
             }

@@ -9,7 +9,9 @@
 //!   `k!=v`, `k`, `!k`; `fieldSelector` on `metadata.name` / `metadata.namespace`);
 //! - server-side apply (`application/apply-patch+yaml`): creates, or merges the applied
 //!   fields into the object, dropping fields the same field manager applied before and no
-//!   longer does (no ownership between managers, no conflicts);
+//!   longer does (no ownership between managers, no conflicts); `conditions` and `shards`
+//!   merge entry by entry (by `type`, by `id`) as the CRDs' list maps do, other lists are
+//!   replaced;
 //! - JSON merge patch (and strategic merge patch, treated as a merge patch), honouring a
 //!   `metadata.resourceVersion` in the patch as a precondition (409 when stale); JSON patch
 //!   (`add`, `remove`, `replace`, `test`: what kube's finalizer helper sends; a failed `test`
@@ -45,7 +47,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use json::{drop_unapplied, json_patch, merge, without};
+use json::{drop_unapplied, json_patch, merge, merge_applied, without};
 
 /// One request the fake received.
 #[derive(Clone, Debug, PartialEq)]
@@ -592,7 +594,7 @@ impl State {
             if let Some(before) = self.applied.get(&applied_key) {
                 drop_unapplied(&mut new, before, &written);
             }
-            merge(&mut new, &written);
+            merge_applied(&mut new, &written);
             self.applied.insert(applied_key, written);
             let code = if old.is_some() { 200 } else { 201 };
             return Ok((code, self.store(key, old.as_ref(), new, !status_only)));

@@ -88,6 +88,68 @@ async fn apply_creates_then_merges_and_moves_versions_only_on_change() {
 }
 
 #[tokio::test]
+async fn two_managers_apply_their_own_conditions_and_other_lists_are_replaced() {
+    let fake = FakeApiserver::new();
+    let resource = ApiResource::erase::<Namespace>(&());
+    fake.insert(&resource, json!({"metadata": {"name": "n"}}));
+    let api: Api<Namespace> = Api::all(fake.client());
+    let apply = |manager: &str, status: Value| {
+        let api = api.clone();
+        let params = PatchParams::apply(manager).force();
+        async move {
+            api.patch_status("n", &params, &Patch::Apply(json!({"status": status})))
+                .await
+                .expect("status apply")
+        }
+    };
+    let cond = |t: &str, s: &str| json!({"type": t, "status": s});
+    let types = |fake: &FakeApiserver| -> Vec<(String, String)> {
+        let stored = fake.get(&resource, None, "n").expect("stored");
+        stored["status"]["conditions"]
+            .as_array()
+            .map(|l| {
+                l.iter()
+                    .map(|c| (c["type"].to_string(), c["status"].to_string()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    apply(
+        "a",
+        json!({"conditions": [cond("A", "True")], "phase": "x", "list": [1, 2]}),
+    )
+    .await;
+    apply("b", json!({"conditions": [cond("B", "True")], "list": [3]})).await;
+    let expect = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(t, s)| (format!("{t:?}"), format!("{s:?}")))
+            .collect()
+    };
+    assert_eq!(types(&fake), expect(&[("A", "True"), ("B", "True")]));
+    let stored = fake.get(&resource, None, "n").expect("stored");
+    assert_eq!(
+        stored["status"]["list"],
+        json!([3]),
+        "an atomic list is replaced"
+    );
+    // `a` changes its entry: `b`'s stays.
+    apply(
+        "a",
+        json!({"conditions": [cond("A", "False")], "phase": "x"}),
+    )
+    .await;
+    assert_eq!(types(&fake), expect(&[("A", "False"), ("B", "True")]));
+    // `a` stops applying conditions: only its entry goes.
+    apply("a", json!({"phase": "x"})).await;
+    assert_eq!(types(&fake), expect(&[("B", "True")]));
+    // `b` stops too: the list goes.
+    apply("b", json!({})).await;
+    let stored = fake.get(&resource, None, "n").expect("stored");
+    assert!(stored["status"].get("conditions").is_none(), "{stored}");
+    assert_eq!(stored["status"]["phase"], json!("x"));
+}
+
+#[tokio::test]
 async fn get_and_list_by_namespace_label_and_field() {
     let fake = FakeApiserver::new();
     let cm = ApiResource::erase::<ConfigMap>(&());
