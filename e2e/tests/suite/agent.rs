@@ -329,8 +329,8 @@ async fn unmanaged_secret_is_never_touched_and_reported_as_conflict() {
             .unwrap()
             .is_none()
     );
-    // Byte for byte unchanged across two of the agent's conflict re-checks, the manifest
-    // still held back.
+    // Byte for byte unchanged across a conflict re-check, the manifest still held back (the
+    // re-checks recurring on their timer: in-process on virtual time, crates/agent/src/testing).
     let settings: Api<ConfigMap> = Api::namespaced(down.clone(), &target);
     stays(
         "their Secret's resourceVersion and the held-back manifest",

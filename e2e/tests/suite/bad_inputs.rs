@@ -735,7 +735,7 @@ async fn two_bundles_claiming_one_object_conflict_and_the_first_keeps_it() {
         .await
         .and_then(|c| c.metadata.resource_version);
     stays(
-        "the first Bundle's object, across two of the agent's conflict re-checks",
+        "the first Bundle's object, across a conflict re-check",
         tender_e2e::fixture::CONFLICT_RECHECKS,
         &(
             Some(shared.clone()),

@@ -69,8 +69,10 @@ async fn wait_value(api: &Api<ConfigMap>, name: &str, key: &str, want: Option<&s
 }
 
 /// Waits for the `Deployed` condition's reason to be `want`; returns its message.
-/// Longer than two retries of a failed deployment: the agent re-plans it every
-/// `AgentConfig::conflict_recheck` (30 s by default, 3 s for the fixtures' agents).
+/// Longer than one retry of a failed deployment: the agent re-plans it every
+/// `AgentConfig::conflict_recheck` (30 s by default, 3 s for the fixtures' agents); that it
+/// keeps what is deployed on every retry is proven in-process on virtual time
+/// (`a_chart_that_cannot_be_fetched_keeps_what_is_deployed_and_is_retried_on_the_timer`).
 const RETRIES: Duration = tender_e2e::fixture::CONFLICT_RECHECKS;
 
 /// The chart's deployed objects stay as they were (greeting `greeting`, `web-extra` there)
@@ -568,7 +570,7 @@ async fn oci_bearer_token_flow_and_failures_keep_what_is_deployed() {
 }
 
 /// An object the chart renders that somebody else already has is a conflict, and stays theirs
-/// byte for byte across two of the agent's conflict re-checks (issue 22).
+/// byte for byte across a conflict re-check (issue 22; two, on virtual time, in crates/agent/src/testing).
 #[tokio::test]
 async fn a_chart_object_somebody_else_has_is_never_clobbered() {
     let repo = repo().await;
