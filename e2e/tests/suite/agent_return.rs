@@ -15,7 +15,7 @@
 //!   afterwards leaves nothing behind.
 //!
 //! One real agent per downstream cluster at a time (the agent chart's ClusterRoleBinding has a
-//! fixed name): the tests take turns.
+//! fixed name): each test has an environment of its own group, so they run side by side.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -31,11 +31,6 @@ use tender_e2e::running::{AgentOpts, Running, start_agent, sum_of};
 use tender_e2e::{ADMIN_USER, HUB, downstream_name, eventually, shared_env_of, unique_name};
 use tender_types::conditions::{TYPE_AGENT_CONNECTED, is_true};
 use tender_types::{Cluster, labels};
-use tokio::sync::Mutex;
-
-/// The real agents of this file share downstream cluster 1 (and its agent chart's
-/// cluster-wide binding): one test at a time.
-static SERIAL: Mutex<()> = Mutex::const_new(());
 
 /// Bundle content is applied as the agent itself would: the faults tests' setting.
 const NOT_RBAC: &[&str] = &["bundleServiceAccount.clusterAdmin=true"];
@@ -119,8 +114,7 @@ async fn gone(ws: &Workspace, cluster: &str, name: &str) {
 
 #[tokio::test]
 async fn an_agent_back_from_away_removes_exactly_the_objects_of_deployments_removed_meanwhile() {
-    let _serial = SERIAL.lock().await;
-    let ws = Workspace::new(shared_env_of("agent-chart", 1).await, "return-prune").await;
+    let ws = Workspace::new(shared_env_of("return-prune", 1).await, "return-prune").await;
     let downstream = downstream_name(1);
     let down = ws.downstream(&downstream).await;
     ws.cluster("east").await;
@@ -271,8 +265,10 @@ async fn an_agent_back_from_away_removes_exactly_the_objects_of_deployments_remo
 
 /// A workspace with its own hub that takes an agent for offline after 4 s (so deleting a
 /// Cluster whose agent is away does not wait for the grace).
-async fn quick_offline_workspace(prefix: &str) -> (Workspace, tender_e2e::hub_harness::HubHandle) {
-    let ws = Workspace::without_hub(shared_env_of("agent-chart", 1).await, prefix).await;
+async fn quick_offline_workspace(
+    prefix: &'static str,
+) -> (Workspace, tender_e2e::hub_harness::HubHandle) {
+    let ws = Workspace::without_hub(shared_env_of(prefix, 1).await, prefix).await;
     let mut config = hub_config(&ws.ns);
     config.agent_offline_after = Duration::from_secs(4);
     let hub = start_hub(ws.env, config).await.unwrap();
@@ -309,7 +305,6 @@ async fn delete_offline_cluster(ws: &Workspace, name: &str) {
 
 #[tokio::test]
 async fn an_agent_back_after_its_cluster_was_deleted_deletes_nothing_and_says_why() {
-    let _serial = SERIAL.lock().await;
     let (ws, hub) = quick_offline_workspace("return-revoked").await;
     let downstream = downstream_name(1);
     let down = ws.downstream(&downstream).await;
@@ -365,7 +360,6 @@ async fn an_agent_back_after_its_cluster_was_deleted_deletes_nothing_and_says_wh
 
 #[tokio::test]
 async fn an_agent_whose_identity_outlives_its_deleted_cluster_deletes_nothing() {
-    let _serial = SERIAL.lock().await;
     let (ws, hub) = quick_offline_workspace("return-broad").await;
     let env = ws.env;
     let downstream = downstream_name(1);
@@ -446,8 +440,7 @@ async fn inventory_text(down: &kube::Client, agent_ns: &str) -> String {
 #[tokio::test]
 async fn an_agent_sigkilled_mid_apply_converges_and_leaves_nothing_behind() {
     const N: usize = 200;
-    let _serial = SERIAL.lock().await;
-    let ws = Workspace::new(shared_env_of("agent-chart", 1).await, "return-crash").await;
+    let ws = Workspace::new(shared_env_of("return-crash", 1).await, "return-crash").await;
     let downstream = downstream_name(1);
     let down = ws.downstream(&downstream).await;
     ws.cluster("east").await;
