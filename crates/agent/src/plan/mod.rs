@@ -6,20 +6,21 @@
 
 pub mod consumers;
 mod decide;
+mod hook_runs;
 mod object;
 mod phases;
 mod workload;
 
 pub use decide::{Live, LiveState, Modes, Write, decide, decide_object};
+pub use hook_runs::{HookProgress, failed_hooks, finished, hook_progress, run_marker};
 pub use object::{
     Mode, NamespaceMeta, ObjectPlan, applied_state, extra_data_patch, in_sync, is_subset, judge,
     namespace_op, needs_recreate, object_plan, readiness,
 };
 pub use phases::{
-    DeployPlan, Entry, Found, FoundCopy, FoundHook, HOOK_RUN, HookProgress, HookStep,
-    InventoryWrite, Observed, Phase, PlannedPhase, failed_hooks, finished, gate, hook_object,
-    hook_progress, in_place, inventory_write, may_prune, not_started, plan as deployment_plan,
-    removal_hooks as removal_hook_entries, run_marker,
+    DeployPlan, Entry, Found, FoundCopy, FoundHook, HOOK_RUN, HookStep, InventoryWrite, Observed,
+    Phase, PlannedPhase, gate, hook_object, in_place, inventory_write, may_prune, not_started,
+    plan as deployment_plan, removal_hooks as removal_hook_entries,
 };
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,6 +2,7 @@ use serde_json::json;
 use tender_types::{Manifest, ObjectState};
 
 use super::super::fixtures::*;
+use super::super::{HookProgress, finished, hook_progress, run_marker};
 use super::super::{key, manifest, object_plan};
 use super::*;
 use crate::hooks::{DeletePolicy, HookEvent};

@@ -56,10 +56,14 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, uc: Arc<UpstreamCtx>) -> Resu
         ctx.upstream.lines.lock().expect("lines").remove(&key);
         return Ok(Action::await_change());
     }
-    let clusters = deployed_clusters(ctx, &bundle);
-    let Some(lines) = publish(ctx, &bundle, &clusters).await? else {
+    // Most Bundles have nothing to do with reverse sync: say so before looking at clusters.
+    let bundle_ns = bundle.namespace().unwrap_or_default();
+    let published = published_of(ctx, &bundle_ns, &bundle.name_any());
+    if bundle.spec.upstream_resources.is_empty() && published.is_empty() && !had_lines(&bundle) {
         return Ok(Action::await_change());
-    };
+    }
+    let clusters = deployed_clusters(ctx, &bundle);
+    let lines = publish(ctx, &bundle, &clusters, published).await?;
     let before = ctx
         .upstream
         .lines
@@ -102,20 +106,17 @@ fn deployed_clusters(ctx: &Ctx, bundle: &Bundle) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Runs reverse sync of Bundle `bundle` for `clusters` (name, cluster namespace) and returns
-/// its status lines (`None`: the Bundle has nothing to do with it).
+/// Runs reverse sync of Bundle `bundle` for `clusters` (name, cluster namespace), given what
+/// it has `published`, and returns its status lines.
 async fn publish(
     ctx: &Ctx,
     bundle: &Bundle,
     clusters: &[(String, String)],
-) -> Result<Option<Vec<UpstreamPublication>>, Error> {
+    published: Vec<(SourceKind, ObjectMeta)>,
+) -> Result<Vec<UpstreamPublication>, Error> {
     let bundle_ns = bundle.namespace().unwrap_or_default();
     let name = bundle.name_any();
     let spec = &bundle.spec.upstream_resources;
-    let published = published_of(ctx, &bundle_ns, &name);
-    if spec.is_empty() && published.is_empty() && !had_lines(bundle) {
-        return Ok(None);
-    }
     let bundle_owner = OwnerReference {
         api_version: tender_types::API_GROUP_VERSION.into(),
         kind: "Bundle".into(),
@@ -235,7 +236,7 @@ async fn publish(
             &b.name,
         ))
     });
-    Ok(Some(lines))
+    Ok(lines)
 }
 
 /// Sets `status.upstream` and the `UpstreamPublished` condition (removed with the last line).

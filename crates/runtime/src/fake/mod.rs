@@ -28,6 +28,7 @@
 //! hand the objects to a reflector store ([`FakeApiserver::refill`]) as a watch would.
 
 mod json;
+mod request;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -48,6 +49,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use json::{drop_unapplied, json_patch, merge, merge_applied, without};
+use request::{Key, Target, query_params, selects_fields, selects_labels, status};
 
 /// One request the fake received.
 #[derive(Clone, Debug, PartialEq)]
@@ -88,77 +90,6 @@ impl Recorded {
 impl std::fmt::Display for Recorded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {}", self.method, self.path)
-    }
-}
-
-/// The key objects are held under.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Key {
-    /// `v1` or `group/version`.
-    api_version: String,
-    plural: String,
-    namespace: Option<String>,
-    name: String,
-}
-
-impl Key {
-    fn of(resource: &ApiResource, namespace: Option<&str>, name: &str) -> Self {
-        Self {
-            api_version: resource.api_version.clone(),
-            plural: resource.plural.clone(),
-            namespace: namespace.map(str::to_string),
-            name: name.to_string(),
-        }
-    }
-}
-
-/// Where a request goes: a collection, an object or an object's subresource.
-#[derive(Debug)]
-struct Target {
-    api_version: String,
-    plural: String,
-    namespace: Option<String>,
-    name: Option<String>,
-    subresource: Option<String>,
-}
-
-impl Target {
-    fn parse(path: &str) -> Option<Self> {
-        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-        let (api_version, mut rest) = match *segments.first()? {
-            "api" => (segments.get(1)?.to_string(), &segments[2..]),
-            "apis" => (
-                format!("{}/{}", segments.get(1)?, segments.get(2)?),
-                segments.get(3..)?,
-            ),
-            _ => return None,
-        };
-        let mut namespace = None;
-        // `/api/v1/namespaces/x/status` is the Namespace's status, not a resource "status".
-        if rest.len() >= 3 && rest[0] == "namespaces" && !(rest.len() == 3 && rest[2] == "status") {
-            namespace = Some(rest[1].to_string());
-            rest = &rest[2..];
-        }
-        Some(Self {
-            api_version,
-            plural: rest.first()?.to_string(),
-            namespace,
-            name: rest.get(1).map(|s| s.to_string()),
-            subresource: rest.get(2).map(|s| s.to_string()),
-        })
-    }
-
-    fn key(&self, name: &str) -> Key {
-        Key {
-            api_version: self.api_version.clone(),
-            plural: self.plural.clone(),
-            namespace: self.namespace.clone(),
-            name: name.to_string(),
-        }
-    }
-
-    fn is_status(&self) -> bool {
-        self.subresource.as_deref() == Some("status")
     }
 }
 
@@ -736,107 +667,6 @@ impl tower::Service<Request<Body>> for FakeApiserver {
             Ok(response)
         })
     }
-}
-
-/// A `Status` body like the apiserver's.
-fn status(code: u16, message: &str) -> Value {
-    let reason = match code {
-        400 => "BadRequest",
-        401 => "Unauthorized",
-        403 => "Forbidden",
-        404 => "NotFound",
-        405 => "MethodNotAllowed",
-        409 => "Conflict",
-        410 => "Expired",
-        413 => "RequestEntityTooLarge",
-        415 => "UnsupportedMediaType",
-        422 => "Invalid",
-        429 => "TooManyRequests",
-        503 => "ServiceUnavailable",
-        504 => "Timeout",
-        _ => "InternalError",
-    };
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    })
-}
-
-fn query_params(query: &str) -> BTreeMap<String, String> {
-    query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                Ok(b) => {
-                    out.push(b);
-                    i += 3;
-                    continue;
-                }
-                Err(_) => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// `k=v`, `k==v`, `k!=v`, `k` and `!k`, comma-separated (all must hold).
-fn selects_labels(selector: &str, object: &Value) -> bool {
-    let labels = &object["metadata"]["labels"];
-    selector
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .all(|term| {
-            if let Some((k, v)) = term.split_once("!=") {
-                labels[k.trim()].as_str() != Some(v.trim())
-            } else if let Some((k, v)) = term.split_once('=') {
-                labels[k.trim()].as_str() == Some(v.trim_start_matches('=').trim())
-            } else if let Some(k) = term.strip_prefix('!') {
-                labels.get(k.trim()).is_none()
-            } else {
-                labels.get(term).is_some()
-            }
-        })
-}
-
-/// `metadata.name=x` and `metadata.namespace=y`, comma-separated.
-fn selects_fields(selector: &str, object: &Value) -> bool {
-    selector.split(',').filter(|t| !t.is_empty()).all(|term| {
-        let (field, wanted, equal) = match term.split_once("!=") {
-            Some((f, w)) => (f, w, false),
-            None => {
-                let (f, w) = term.split_once('=').unwrap_or((term, ""));
-                (f, w.trim_start_matches('='), true)
-            }
-        };
-        let value = match field {
-            "metadata.name" => object["metadata"]["name"].as_str(),
-            "metadata.namespace" => object["metadata"]["namespace"].as_str(),
-            _ => return true,
-        };
-        (value == Some(wanted)) == equal
-    })
 }
 
 #[cfg(test)]
