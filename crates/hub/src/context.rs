@@ -321,8 +321,19 @@ impl Ctx {
     /// Carries out a status write from [`status_op`] (none: nothing changed) and counts it.
     pub(crate) async fn write_status(&self, op: Option<Op>) -> Result<(), crate::Error> {
         let Some(op) = op else { return Ok(()) };
+        self.write_status_with(&self.exec, op).await
+    }
+
+    /// Carries out status write `op` with `exec` (a writer with its own field manager: the
+    /// poller's, a shard replica's) and counts it; the executor skips it when `exec` wrote the
+    /// same a moment ago.
+    pub(crate) async fn write_status_with(
+        &self,
+        exec: &Executor,
+        op: Op,
+    ) -> Result<(), crate::Error> {
         let kind = op.key().map(|k| k.kind().to_string()).unwrap_or_default();
-        if self.exec.execute(op).await?.wrote {
+        if exec.execute(op).await?.wrote {
             self.hub
                 .status_writes
                 .get_or_create(&crate::KindLabels { kind })

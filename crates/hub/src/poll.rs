@@ -181,28 +181,8 @@ async fn read_credentials(ctx: &Ctx, ns: &str, name: &str) -> Option<Credentials
 /// Applies the poller's fields (and only them); a field left out is removed from what this
 /// manager owns, so a Bundle that stops polling loses both.
 async fn write(exec: &Executor, ctx: &Ctx, bundle: &Bundle, new: &Recorded) -> Result<(), Error> {
-    let op = status_op(bundle, new);
-    let Op::ApplyStatus(Apply {
-        key,
-        fingerprint: Some(fp),
-        ..
-    }) = &op
-    else {
-        unreachable!("status_op makes a status apply with a fingerprint");
-    };
-    // Written a moment ago and the cache has not caught up.
-    if exec.memo().written(key, fp).is_some() {
-        return Ok(());
-    }
-    if exec.execute(op).await?.wrote {
-        ctx.hub
-            .status_writes
-            .get_or_create(&crate::KindLabels {
-                kind: "Bundle".to_string(),
-            })
-            .inc();
-    }
-    Ok(())
+    // Written a moment ago and the cache has not caught up: the executor's memo skips it.
+    ctx.write_status_with(exec, status_op(bundle, new)).await
 }
 
 /// The status apply of the poller's fields. Pure.

@@ -167,9 +167,6 @@ async fn write_shard_entry(
         live_version: bundle.resource_version(),
         desired: hash::value_hash(&serde_json::to_value(&entry).unwrap_or_default()),
     };
-    if exec.memo().written(&key, &fingerprint).is_some() {
-        return Ok(());
-    }
     let op = Op::ApplyStatus(tender_runtime::executor::Apply {
         key,
         body: serde_json::json!({
@@ -180,13 +177,5 @@ async fn write_shard_entry(
         replace_if_immutable: false,
         fingerprint: Some(fingerprint),
     });
-    if exec.execute(op).await?.wrote {
-        ctx.hub
-            .status_writes
-            .get_or_create(&crate::KindLabels {
-                kind: "Bundle".to_string(),
-            })
-            .inc();
-    }
-    Ok(())
+    ctx.write_status_with(exec, op).await
 }
