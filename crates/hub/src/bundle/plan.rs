@@ -151,6 +151,14 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The cluster namespaces (in workspace `ns`) of every matched cluster.
+    pub fn matched_namespaces(&self, ns: &str) -> BTreeSet<String> {
+        self.matched
+            .iter()
+            .map(|c| tender_types::names::cluster_namespace(ns, c))
+            .collect()
+    }
+
     /// Holds every deployment back (nothing new written, what exists stays) when the copies
     /// would hold more than `limit` bytes on the hub (`--max-copied-bytes-per-bundle`):
     /// per-cluster copies live outside any quota of the hub's etcd. `true` when held.

@@ -81,11 +81,7 @@ fn gated(seen: &Seen) -> Result<Gated, TargetingError> {
 /// Pure.
 pub(super) fn untargeted(seen: &Seen, plan: &plan::Plan) -> Vec<tender_runtime::Op> {
     let ns = seen.bundle.namespace().unwrap_or_default();
-    let matched: std::collections::BTreeSet<String> = plan
-        .matched
-        .iter()
-        .map(|c| tender_types::names::cluster_namespace(&ns, c))
-        .collect();
+    let matched = plan.matched_namespaces(&ns);
     let mut ops: Vec<_> = seen
         .existing
         .iter()

@@ -28,11 +28,7 @@ pub(super) fn planned(ctx: &Ctx, seen: &Seen, gated: Gated, facts: &mut BundleFa
         depends,
     } = gated;
     let ns = seen.bundle.namespace().unwrap_or_default();
-    let matched: std::collections::BTreeSet<String> = plan
-        .matched
-        .iter()
-        .map(|c| tender_types::names::cluster_namespace(&ns, c))
-        .collect();
+    let matched = plan.matched_namespaces(&ns);
     let current: Vec<&BundleDeployment> = seen
         .existing
         .iter()
