@@ -782,6 +782,69 @@ async fn a_good_rotation_passes_wave_by_wave_with_the_soak_and_pause_waits_for_r
     assert!(find_condition(&s.conditions, TYPE_READY).is_some());
 }
 
+/// Decisions 0112 and 0121: a rollout state the hub cannot read halts the rollout
+/// (`RolloutHalted=True`, `RolloutStateInvalid`) and no deployed cluster gets the new
+/// revision; deleting the hub's rollout Secret — what docs/rollouts.md tells an admin to do —
+/// wakes the Bundle, and the rollout starts again from a fresh state and completes.
+#[tokio::test]
+async fn an_unreadable_rollout_state_halts_the_rollout_until_an_admin_deletes_it() {
+    let fleet = Fleet::start("rollout-invalid").await;
+    fleet.accept(&["good-1", "good-2"]);
+    rotate(&fleet, "good-1").await;
+    fleet
+        .ws
+        .bundle("app", fleet.bundle_spec("Pause", GOOD_DEADLINE, true))
+        .await;
+    let everyone = fleet.clusters_in(&[1, 2, 3]);
+    fleet.all_ready(&everyone).await;
+    fleet
+        .wait_condition(
+            tender_types::conditions::TYPE_ROLLOUT_PROGRESSING,
+            reason::ROLLOUT_COMPLETE,
+        )
+        .await;
+
+    // An admin's mistake damages the hub's own rollout Secret; the next revision finds it.
+    let name = tender_types::names::rollout_secret(&fleet.ws.ns, "app", None);
+    let secrets = Api::<Secret>::namespaced(fleet.ws.hub.clone(), &fleet.ws.hub_ns);
+    secrets
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"state.json": b64_json(&json!("not a state"))}})),
+        )
+        .await
+        .unwrap();
+    rotate(&fleet, "good-2").await;
+    fleet
+        .wait_condition(TYPE_ROLLOUT_HALTED, reason::ROLLOUT_STATE_INVALID)
+        .await;
+    assert_eq!(
+        fleet.held("good-2"),
+        BTreeSet::new(),
+        "a cluster got good-2"
+    );
+
+    // Deleted: a fresh rollout of the current revision, wave by wave, to every cluster.
+    secrets.delete(&name, &Default::default()).await.unwrap();
+    for c in &everyone {
+        eventually(&format!("{c} holds good-2"), WAIT, || async {
+            Ok::<_, String>((fleet.current(c).as_deref() == Some("good-2")).then_some(()))
+        })
+        .await;
+    }
+    let b = fleet
+        .wait_condition(
+            tender_types::conditions::TYPE_ROLLOUT_PROGRESSING,
+            reason::ROLLOUT_COMPLETE,
+        )
+        .await;
+    assert!(!is_true(
+        &b.status.as_ref().unwrap().conditions,
+        TYPE_ROLLOUT_HALTED
+    ));
+}
+
 /// When each BundleDeployment of `app` (by cluster) was first seen ready at its current
 /// deploymentID and copies (a rotation changes only the copies, decision 0091).
 fn watch_ready_times(fleet: &Fleet) -> Arc<Mutex<BTreeMap<String, Instant>>> {
