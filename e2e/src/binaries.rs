@@ -59,10 +59,13 @@ pub fn tender_binaries() -> Result<&'static Binaries> {
     // `cargo test` gives the test process the variables of the package under test
     // (CARGO_PKG_*, OUT_DIR, …). Build scripts such as ring's rerun when those change, so
     // passing them on would rebuild half the dependency tree here and again in the next
-    // `cargo test`; the nested build gets the environment of a plain shell instead.
+    // `cargo test`; the nested build gets the environment of a plain shell instead. So does
+    // RUSTC_BOOTSTRAP, which `.ci/suite-figures` sets for the test processes (libtest's
+    // `--report-time`): cargo fingerprints it, and every crate would be rebuilt twice a run.
     for (key, _) in std::env::vars_os() {
         let Some(key) = key.to_str() else { continue };
         if key == "OUT_DIR"
+            || key == "RUSTC_BOOTSTRAP"
             || key == "CARGO_PRIMARY_PACKAGE"
             || key == "CARGO_TARGET_TMPDIR"
             || [

@@ -791,12 +791,18 @@ async fn an_unreadable_rollout_state_halts_the_rollout_until_an_admin_deletes_it
     let fleet = Fleet::start("rollout-invalid").await;
     fleet.accept(&["good-1", "good-2"]);
     rotate(&fleet, "good-1").await;
+    // Installed without waves (the other tests prove them), then given its strategy: the
+    // rollout state is made for a revision every cluster already holds.
+    fleet
+        .ws
+        .bundle("app", fleet.bundle_spec("Pause", GOOD_DEADLINE, false))
+        .await;
+    let everyone = fleet.clusters_in(&[1, 2, 3]);
+    fleet.all_ready(&everyone).await;
     fleet
         .ws
         .bundle("app", fleet.bundle_spec("Pause", GOOD_DEADLINE, true))
         .await;
-    let everyone = fleet.clusters_in(&[1, 2, 3]);
-    fleet.all_ready(&everyone).await;
     fleet
         .wait_condition(
             tender_types::conditions::TYPE_ROLLOUT_PROGRESSING,
