@@ -26,8 +26,9 @@ use tender_types::{Bundle, BundleDeployment};
 const CLUSTERS: usize = 12;
 const SOAK: u64 = 4;
 /// The bad rotation's deadline; also the first install's, which must finish within it while
-/// the rest of the suite runs side by side.
-const DEADLINE: u64 = 15;
+/// the rest of the suite runs side by side (and, on a fresh machine, the nested build of the
+/// binaries: 15 s was not always enough then).
+const DEADLINE: u64 = 25;
 /// The good rotation's deadline: generous, a slow machine must not fail it.
 const GOOD_DEADLINE: u64 = 20;
 
