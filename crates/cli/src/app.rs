@@ -24,8 +24,6 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Write the CustomResourceDefinitions to deploy/crds (or check they are up to date).
-    Crdgen(crate::crdgen::Args),
     /// Register downstream clusters and produce their agents' install manifests.
     Cluster(crate::cluster::Args),
     /// Show the Bundles and Clusters of a workspace, or one Bundle cluster by cluster.
@@ -68,7 +66,6 @@ pub fn main() -> ExitCode {
         Err(err) => err.exit(),
     };
     let result = match cli.command {
-        Command::Crdgen(args) => crate::crdgen::run(&args),
         Command::Cluster(args) => block_on(crate::cluster::run(args)),
         Command::Status(args) => block_on(crate::status::run(args)),
         Command::Rollout(args) => block_on(crate::rollout::run(args)),

@@ -42,7 +42,7 @@ mod tests {
         let fish = script(Shell::Fish);
         assert!(fish.contains("complete -c tender"), "{fish}");
         for s in [&bash, &zsh, &fish] {
-            for sub in ["status", "cluster", "completions", "crdgen"] {
+            for sub in ["status", "cluster", "rollout", "completions"] {
                 assert!(s.contains(sub), "{sub} missing");
             }
         }

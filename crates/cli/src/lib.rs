@@ -5,6 +5,5 @@ pub mod agent_rbac;
 pub mod app;
 pub mod cluster;
 pub mod completions;
-pub mod crdgen;
 pub mod rollout;
 pub mod status;
