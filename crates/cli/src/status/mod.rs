@@ -15,7 +15,9 @@ use tender_types::{Bundle, BundleDeployment, Cluster, HelmOp, labels};
 mod render;
 mod report;
 
+pub(crate) use render::table;
 pub use render::{render_bundle_table, render_workspace_table};
+pub(crate) use report::ready_in;
 pub use report::{
     BundleReport, BundleRow, ClusterRow, HelmOpRow, TargetRow, UpstreamRow, WorkspaceReport,
     bundle_report, bundle_row, helm_op_rows, workspace_report,

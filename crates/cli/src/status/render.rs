@@ -3,7 +3,7 @@
 use super::report::{BundleReport, WorkspaceReport};
 
 /// Left-aligned columns separated by three spaces; the last column is not padded.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

@@ -242,7 +242,7 @@ pub fn bundle_row(b: &Bundle) -> BundleRow {
 }
 
 /// `ready/total` of the BundleDeployments (not being deleted) in cluster namespace `ns`.
-fn ready_in(ns: &str, deployments: &[BundleDeployment]) -> String {
+pub(crate) fn ready_in(ns: &str, deployments: &[BundleDeployment]) -> String {
     let live: Vec<&BundleDeployment> = deployments
         .iter()
         .filter(|bd| bd.namespace().as_deref() == Some(ns))

@@ -1,5 +1,9 @@
 //! `tender cluster add`: register a downstream cluster on the hub and produce what its agent
-//! needs — a hub kubeconfig scoped to the cluster's namespace and the install manifests.
+//! needs — a hub kubeconfig scoped to the cluster's namespace and the install manifests;
+//! `tender cluster list` ([`list`]) and `tender cluster remove` ([`remove`]).
+
+pub mod list;
+pub mod remove;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -35,6 +39,10 @@ pub struct Args {
 pub enum Command {
     /// Register a downstream cluster on the hub and print (or apply) its agent's install manifests.
     Add(Box<AddArgs>),
+    /// List the Clusters of a workspace: state, mode, agent connected, last heartbeat, Bundles ready.
+    List(list::ListArgs),
+    /// Delete a Cluster on the hub (revoking its agent), then remove its agent downstream or print how.
+    Remove(Box<remove::RemoveArgs>),
 }
 
 /// Arguments of `tender cluster add`.
@@ -117,7 +125,7 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
     Ok((k.to_string(), v.to_string()))
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let (n, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
     let n: u64 = n.parse().map_err(|_| format!("bad duration {s:?}"))?;
     match unit {
@@ -319,6 +327,8 @@ pub fn agent_manifests(
 pub async fn run(args: Args) -> Result<()> {
     match args.command {
         Command::Add(a) => add(*a).await,
+        Command::List(a) => list::run(a).await,
+        Command::Remove(a) => remove::run(*a).await,
     }
 }
 
