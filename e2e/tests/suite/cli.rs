@@ -1,6 +1,8 @@
 //! The `tender` binary against a real hub: `cluster add` registers a Cluster and prints agent
 //! install manifests that a real downstream apiserver accepts, with a hub kubeconfig that
-//! carries exactly the agent's narrow identity; `status` shows the workspace.
+//! carries exactly the agent's narrow identity; `status` shows the workspace; `cluster list`
+//! shows the Cluster and `cluster remove` deletes it, revokes its agent and removes the agent's
+//! objects downstream (not one that lost `cluster add`'s labels, never a namespace).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -167,6 +169,136 @@ async fn cluster_add_registers_and_prints_working_agent_manifests() {
     )
     .await;
     assert!(status.contains("east"));
+
+    // `tender cluster list`: the Cluster, pulled, its agent not connected (none runs here).
+    let tender = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || Command::new(tender_bin()).args(args).output().unwrap())
+            .await
+            .unwrap()
+    };
+    let hub_kc = hub_kubeconfig.display().to_string();
+    let out = tender(
+        [
+            "cluster",
+            "list",
+            "-n",
+            &ws,
+            "-o",
+            "json",
+            "--hub-kubeconfig",
+            &hub_kc,
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["name"], "east", "{rows}");
+    assert_eq!(rows[0]["mode"], "Pull", "{rows}");
+    assert_ne!(rows[0]["connected"], "True", "no agent runs: {rows}");
+    assert_eq!(rows[0]["labels"], "env=prod", "{rows}");
+    assert_eq!(rows[0]["namespace"], cluster_ns.as_str(), "{rows}");
+
+    // `tender cluster remove`: gone from the hub, the agent's hub token revoked, the agent's
+    // objects deleted downstream — except one that lost `cluster add`'s labels (someone else's
+    // now) — and no namespace deleted.
+    let crs = kube::discovery::pinned_kind(
+        &down,
+        &kube::api::GroupVersionKind::gvk("rbac.authorization.k8s.io", "v1", "ClusterRole"),
+    )
+    .await
+    .unwrap()
+    .0;
+    let cluster_roles = Api::<DynamicObject>::all_with(down.clone(), &crs);
+    cluster_roles
+        .patch(
+            "tender-bundles-tender-system",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": null}})),
+        )
+        .await
+        .unwrap();
+    let down_kc = env
+        .cluster(&downstream_name(1))
+        .kubeconfig
+        .display()
+        .to_string();
+    let out = tender(
+        [
+            "cluster",
+            "remove",
+            "east",
+            "-n",
+            &ws,
+            "-o",
+            "json",
+            "--hub-kubeconfig",
+            &hub_kc,
+            "--downstream-kubeconfig",
+            &down_kc,
+        ]
+        .map(String::from)
+        .to_vec(),
+    )
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["removedFromHub"], true, "{report}");
+    assert_eq!(report["agentRevoked"], true, "{report}");
+    let deleted = report["deletedDownstream"].to_string();
+    for d in [
+        "Deployment tender-system/tender-agent",
+        "Secret tender-system/tender-agent-hub",
+        "ClusterRoleBinding tender-agent",
+        "RoleBinding default/tender-bundles-tender-system",
+    ] {
+        assert!(deleted.contains(d), "{d} not deleted: {report}");
+    }
+    assert_eq!(
+        report["leftDownstream"],
+        serde_json::json!(["ClusterRole tender-bundles-tender-system"]),
+        "{report}"
+    );
+    assert!(
+        Api::<Cluster>::namespaced(hub.clone(), &ws)
+            .get_opt("east")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    match Api::<BundleDeployment>::namespaced(agent.clone(), &cluster_ns)
+        .list(&Default::default())
+        .await
+    {
+        // 401 once the apiserver's ServiceAccount cache has seen the deletion, 403 before
+        // (its namespace, with every binding, is gone).
+        Err(kube::Error::Api(s)) => assert!([401, 403].contains(&s.code), "{s:?}"),
+        other => panic!("the removed agent's token still works: {other:?}"),
+    }
+    let namespaces = Api::<Namespace>::all(down.clone());
+    assert!(namespaces.get_opt("tender-system").await.unwrap().is_some());
+    assert!(namespaces.get_opt("default").await.unwrap().is_some());
+    assert!(
+        cluster_roles
+            .get_opt("tender-bundles-tender-system")
+            .await
+            .unwrap()
+            .is_some(),
+        "an object without cluster add's labels is left"
+    );
+    cluster_roles
+        .delete("tender-bundles-tender-system", &Default::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]

@@ -157,7 +157,8 @@ pub struct RemoveReport {
     pub mode: String,
     /// The Cluster is gone from the hub (its BundleDeployments and namespace removed).
     pub removed_from_hub: bool,
-    /// The agent's hub ServiceAccount is gone: its tokens no longer authenticate.
+    /// The agent's hub ServiceAccount is gone, with its namespace and bindings: its tokens
+    /// grant nothing (and stop authenticating once the apiserver sees the deletion).
     pub agent_revoked: bool,
     /// Downstream objects deleted, `Kind namespace/name`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
