@@ -68,6 +68,7 @@ pub mod binaries;
 pub mod charts;
 /// Installing the CRDs into a test cluster.
 pub mod crds;
+pub mod dockerfile;
 pub mod fixture;
 /// Running tender's hub in-process against the test environment (owned by the hub work).
 pub mod hub_harness;

@@ -26,6 +26,8 @@ pub struct AgentRunner {
     pub chart_limits: ChartLimits,
     /// Where charts are cached by digest; `None`: the agent's default (a temp directory).
     pub chart_cache_dir: Option<PathBuf>,
+    /// The Helm CLI push clusters' charts are rendered with (the agent's `--helm-path`).
+    pub helm_path: PathBuf,
 }
 
 impl AgentRunner {
@@ -35,6 +37,7 @@ impl AgentRunner {
             metrics,
             chart_limits: ChartLimits::default(),
             chart_cache_dir: None,
+            helm_path: PathBuf::from("helm"),
         }
     }
 
@@ -55,6 +58,7 @@ impl AgentRunner {
         if let Some(dir) = &self.chart_cache_dir {
             config.chart_cache_dir = dir.clone();
         }
+        config.helm_path = self.helm_path.clone();
         config
     }
 }
@@ -87,6 +91,7 @@ mod tests {
         let mut runner = AgentRunner::new(AgentMetrics::register(tender_runtime::Metrics::new()));
         runner.chart_limits.max_chart_bytes = 7;
         runner.chart_cache_dir = Some(PathBuf::from("/cache"));
+        runner.helm_path = PathBuf::from("/usr/local/bin/helm");
         let agent = PushAgent {
             workspace: "ws".into(),
             cluster: "east".into(),
@@ -108,5 +113,6 @@ mod tests {
         assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
         assert_eq!(c.chart_limits.max_chart_bytes, 7);
         assert_eq!(c.chart_cache_dir, PathBuf::from("/cache"));
+        assert_eq!(c.helm_path, PathBuf::from("/usr/local/bin/helm"));
     }
 }

@@ -103,6 +103,10 @@ struct Args {
     /// default: a temp directory). The chart mounts a writable volume there.
     #[arg(long, env = "TENDER_CHART_CACHE_DIR")]
     chart_cache_dir: Option<PathBuf>,
+    /// The Helm CLI push clusters' charts are rendered with (the image sets it; the agent's
+    /// flag of the same name).
+    #[arg(long, env = "TENDER_HELM_PATH", default_value = "helm")]
+    helm_path: PathBuf,
 }
 
 fn parse_shard_id(id: &str) -> Result<String, String> {
@@ -137,6 +141,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: push_metrics,
         chart_limits: args.chart_limits.into(),
         chart_cache_dir: args.chart_cache_dir,
+        helm_path: args.helm_path,
     };
     let health = Health::new();
     let user_agent = format!("tender-hub/{}", env!("CARGO_PKG_VERSION"));

@@ -38,6 +38,7 @@ mod hostile_chart_server;
 mod hostile_hub_tenants;
 mod hub;
 mod hub_rbac;
+mod image_layout;
 mod least_privilege;
 mod options;
 mod policy;
