@@ -262,7 +262,7 @@ pub fn parse_rendered(text: &str) -> Result<RenderedChart, String> {
 
 /// The YAML documents of a stream, split at `---` lines (helm prints each under its own). What
 /// follows `--- ` on its line (a comment, or the start of the document) begins the next one.
-fn documents(text: &str) -> Vec<&str> {
+pub(crate) fn documents(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let mut start = 0;
     let mut offset = 0;
