@@ -222,7 +222,7 @@ pub fn manifests(files: &[File]) -> Result<Vec<Manifest>, FileError> {
                 _ => vec![doc],
             };
             for item in items {
-                out.push(object(item).map_err(|m| at(m))?);
+                out.push(object(item).map_err(&at)?);
             }
         }
     }

@@ -82,3 +82,37 @@ pub(crate) async fn fetch_chart(
     }
     cache.store(&actual, &archive)
 }
+
+/// The archive at the absolute URL `helm.chart` (repo unset), through the same client, bound,
+/// TLS trust, credentials (sent to the URL's origin only) and redirect rules as a repository's
+/// chart. There is no index and so no digest to check: the archive is stored under its own
+/// sha256. `helm.version`, if set, must be the archive's Chart.yaml version.
+pub(crate) async fn fetch_url(
+    http: &Http,
+    cache: &Cache,
+    helm: &HelmOptions,
+    auth: Option<&(String, String)>,
+    limits: &ChartLimits,
+) -> Result<PathBuf, ChartFailure> {
+    let budget = Budget::new(
+        limits.max_chart_bytes,
+        "chart archive",
+        "agent flag --max-chart-bytes",
+    );
+    let url = &helm.chart;
+    let archive = http.get(url, url, auth, budget).await?;
+    if let Some(want) = helm.version.as_deref().filter(|v| !v.trim().is_empty()) {
+        let found = crate::files::archive_version(&archive);
+        if found.as_deref() != Some(want.trim()) {
+            return Err(ChartFailure::new(
+                reason::CHART_VERSION_NOT_FOUND,
+                format!(
+                    "chart {}: helm.version is {want:?} but the archive's Chart.yaml says {}",
+                    without_userinfo(url),
+                    found.map_or_else(|| "no version".to_string(), |v| format!("{v:?}"))
+                ),
+            ));
+        }
+    }
+    cache.store(&hex::encode(Sha256::digest(&archive)), &archive)
+}
