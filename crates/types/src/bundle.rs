@@ -671,3 +671,33 @@ pub struct BundleDisplay {
     #[serde(default)]
     pub state: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_file_is_an_item_with_content_and_never_a_manifest() {
+        let resources: Vec<Manifest> = serde_json::from_value(json!([
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}},
+            {"name": "chart/Chart.yaml", "content": "bmFtZTogeA==", "encoding": "base64"},
+            {"name": "README.md", "content": ""},
+        ]))
+        .unwrap();
+        assert_eq!(
+            Manifest::manifests(&resources)
+                .map(|m| m.name().unwrap())
+                .collect::<Vec<_>>(),
+            ["a"]
+        );
+        let files: Vec<FileEntry> = Manifest::files(&resources).collect();
+        assert_eq!(files.len(), 2);
+        assert_eq!(files[0].name, "chart/Chart.yaml");
+        assert_eq!(files[0].encoding, "base64");
+        assert_eq!(files[1].encoding, "");
+        assert!(matches!(resources[0].resource(), Resource::Manifest(_)));
+        assert!(matches!(resources[2].resource(), Resource::File(_)));
+        assert_eq!(resources[0].file(), None);
+    }
+}

@@ -325,6 +325,38 @@ mod tests {
     }
 
     #[test]
+    fn where_the_chart_comes_from() {
+        let h = |v: Value| serde_json::from_value::<HelmOptions>(v).unwrap();
+        let url = h(json!({"chart": "https://c.example/app-1.0.0.tgz", "repo": ""}));
+        assert!(url.is_url() && url.files_dir().is_none());
+        let named = h(json!({"chart": "app", "repo": "https://c.example"}));
+        assert!(!named.is_url() && named.files_dir().is_none());
+        assert!(h(json!({"chart": "oci://r/x"})).files_dir().is_none());
+        for (chart, dir) in [
+            ("", ""),
+            (".", ""),
+            ("./", ""),
+            ("./chart", "chart"),
+            ("a//b/", "a/b"),
+        ] {
+            assert_eq!(
+                h(json!({"chart": chart})).files_dir().as_deref(),
+                Some(dir),
+                "{chart:?}"
+            );
+        }
+        assert_eq!(h(json!({})).files_dir().as_deref(), Some(""));
+        // A target's absolute URL over a Bundle's repository chart drops the repository.
+        let merged = HelmOptions {
+            chart: "https://c.example/app-2.0.0.tgz".into(),
+            ..named
+        }
+        .normalized();
+        assert_eq!(merged.repo, None);
+        assert!(merged.is_url());
+    }
+
+    #[test]
     fn release_name_defaults_to_the_bundle() {
         let h = HelmOptions {
             chart: "app".into(),
