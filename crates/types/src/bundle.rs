@@ -482,9 +482,16 @@ impl Manifest {
         resources.iter().filter(|m| !m.is_file())
     }
 
-    /// The files of `resources`, manifests left out.
+    /// The files of `resources`, manifests left out. A file without a name is Fleet's
+    /// `manifests/fileNNN.yaml`, NNN its index in `resources` (as Fleet names it).
     pub fn files(resources: &[Manifest]) -> impl Iterator<Item = FileEntry> + '_ {
-        resources.iter().filter_map(Manifest::file)
+        resources.iter().enumerate().filter_map(|(i, m)| {
+            let mut f = m.file()?;
+            if f.name.is_empty() {
+                f.name = format!("manifests/file{i:03}.yaml");
+            }
+            Some(f)
+        })
     }
 
     /// `apiVersion` of the manifest.
@@ -545,15 +552,15 @@ impl JsonSchema for Manifest {
             "x-kubernetes-validations": [
                 {
                     "rule": "has(self.content) || (has(self.apiVersion) && self.apiVersion != '' && has(self.kind) && self.kind != '')",
-                    "message": "resources[] must be a manifest with apiVersion and kind, or a file with name and content (Fleet's form)"
+                    "message": "resources[] must be a manifest with apiVersion and kind, or a file with content (Fleet's {name, content, encoding})"
                 },
                 {
                     "rule": "has(self.content) || (has(self.metadata) && has(self.metadata.name) && self.metadata.name != '')",
                     "message": "resources[].metadata.name is required: every inline manifest needs a name"
                 },
                 {
-                    "rule": "!has(self.content) || (has(self.name) && self.name != '' && !self.name.startsWith('/') && !self.name.matches('(^|/)\\.\\.(/|$)'))",
-                    "message": "resources[].name of a file must be a relative path without '..' segments"
+                    "rule": "!has(self.content) || !has(self.name) || (!self.name.startsWith('/') && !self.name.matches('(^|/)\\.\\.(/|$)'))",
+                    "message": "resources[].name of a file must be a relative path without '..' segments (absent: Fleet's manifests/fileNNN.yaml)"
                 },
                 {
                     "rule": "has(self.content) || !has(self.encoding)",
@@ -683,6 +690,7 @@ mod tests {
             {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}},
             {"name": "chart/Chart.yaml", "content": "bmFtZTogeA==", "encoding": "base64"},
             {"name": "README.md", "content": ""},
+            {"content": "kind: ConfigMap"},
         ]))
         .unwrap();
         assert_eq!(
@@ -692,7 +700,8 @@ mod tests {
             ["a"]
         );
         let files: Vec<FileEntry> = Manifest::files(&resources).collect();
-        assert_eq!(files.len(), 2);
+        assert_eq!(files.len(), 3);
+        assert_eq!(files[2].name, "manifests/file003.yaml", "Fleet's name");
         assert_eq!(files[0].name, "chart/Chart.yaml");
         assert_eq!(files[0].encoding, "base64");
         assert_eq!(files[1].encoding, "");
