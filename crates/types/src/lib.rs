@@ -112,7 +112,7 @@ mod tests {
         for needle in [
             "!has(self.__namespace__)",
             "exactly one of clusterName",
-            "a file with content and a name (Fleet's form)",
+            "or a file with content (Fleet's {name, content, encoding})",
             r#""x-kubernetes-list-map-keys":["kind","name"]"#,
             r#""x-kubernetes-list-map-keys":["type"]"#,
             "metadata.name of a Bundle must be a DNS label",
