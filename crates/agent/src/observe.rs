@@ -11,6 +11,7 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::discovery::ApiResource;
 use tender_runtime::reconcile::{error_text, is_not_found};
+use tender_types::conditions::reason;
 use tender_types::{
     BundleDeployment, BundleDeploymentOptions, Manifest, ObjectRef, ObjectState, ObjectStatus,
     namespaces,
@@ -166,7 +167,7 @@ async fn file_manifests(
         }
         Err(e) => vec![Found {
             manifest: e.manifest(),
-            namespaced: Err(e.to_string()),
+            namespaced: Err(format!("{}: {e}", reason::FILES_INVALID)),
         }],
     }
 }

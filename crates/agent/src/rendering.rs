@@ -41,7 +41,10 @@ pub(crate) async fn render(ctx: &Context, bd: &BundleDeployment, observed: &mut 
             observed.input.chart_entry = Some(ObjectStatus::new(
                 &key,
                 ObjectState::Error,
-                Some(format!("the chart's files cannot be read: {e}")),
+                Some(format!(
+                    "{}: the chart's files cannot be read: {e}",
+                    tender_types::conditions::reason::FILES_INVALID
+                )),
             ));
             return;
         }

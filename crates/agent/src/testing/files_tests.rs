@@ -135,9 +135,15 @@ async fn a_file_that_cannot_be_decoded_or_read_is_named() {
         file.message
             .as_deref()
             .unwrap_or_default()
-            .contains("not valid gzip"),
+            .starts_with("FilesInvalid: manifests/second.yml: content is not valid gzip"),
         "{file:?}"
     );
+    let deployed = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == tender_types::conditions::TYPE_DEPLOYED)
+        .expect("Deployed");
+    assert_eq!(deployed.reason, reason::FILES_INVALID);
     assert!(
         config_map(&agent, "first").is_none(),
         "nothing read from broken files"
