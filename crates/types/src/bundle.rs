@@ -559,7 +559,7 @@ impl JsonSchema for Manifest {
                     "message": "resources[].metadata.name is required: every inline manifest needs a name"
                 },
                 {
-                    "rule": "!has(self.content) || !has(self.name) || (!self.name.startsWith('/') && !self.name.matches('(^|/)[.][.](/|$)'))",
+                    "rule": "!has(self.content) || !has(self.name) || (!self.name.startsWith('/') && self.name != '..' && !self.name.startsWith('../') && !self.name.endsWith('/..') && !self.name.contains('/../'))",
                     "message": "resources[].name of a file must be a relative path without '..' segments (absent: Fleet's manifests/fileNNN.yaml)"
                 },
                 {

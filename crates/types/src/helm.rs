@@ -60,7 +60,7 @@ pub(crate) fn fleet_only_helm_fields(spec: &mut Schema) {
         "message": "helm needs a chart name with an https:// repo, an oci:// reference or an absolute https:// chart URL without repo, a chart directory carried in resources (a relative path, \"\" for the root), or (Fleet's form) an oci:// repo with chart empty or absent"
     },
     {
-        "rule": "(has(self.repo) && self.repo != '') || !has(self.chart) || self.chart.startsWith('oci://') || self.chart.startsWith('https://') || self.chart.startsWith('http://') || (!self.chart.startsWith('/') && !self.chart.matches('(^|/)[.][.](/|$)') && !self.chart.contains('://'))",
+        "rule": "(has(self.repo) && self.repo != '') || !has(self.chart) || self.chart.startsWith('oci://') || self.chart.startsWith('https://') || self.chart.startsWith('http://') || (!self.chart.startsWith('/') && self.chart != '..' && !self.chart.startsWith('../') && !self.chart.endsWith('/..') && !self.chart.contains('/../') && !self.chart.contains('://'))",
         "message": "helm.chart without repo names a chart directory carried in resources: a relative path without '..' segments"
     },
     {
