@@ -3,6 +3,7 @@
 //! `DetermineStyle` does, simplified — the chart directory `helm.chart` names (packed into an
 //! archive rendered exactly like a repository's), and `*.yaml`/`*.yml`/`*.json` manifest files
 //! outside any chart directory, applied like inline manifests. Other files are ignored. Pure.
+//! [`documents`] splits a YAML stream for the chart renderer too.
 
 use std::collections::BTreeSet;
 use std::io::Read;
@@ -210,7 +211,7 @@ pub fn manifests(files: &[File]) -> Result<Vec<Manifest>, FileError> {
     for f in files.iter().filter(|f| is_manifest_file(&f.name, &charts)) {
         let text =
             std::str::from_utf8(&f.bytes).map_err(|_| FileError::new(&f.name, "not UTF-8 text"))?;
-        for (i, doc) in crate::helm::documents(text).into_iter().enumerate() {
+        for (i, doc) in documents(text).into_iter().enumerate() {
             let at = |m: &str| FileError::new(&f.name, format!("document {}: {m}", i + 1));
             let parsed = serde_saphyr::from_str::<Option<Value>>(doc)
                 .map_err(|e| at(&format!("not valid YAML ({e})")))?;
@@ -270,6 +271,26 @@ pub fn archive_version(archive: &[u8]) -> Option<String> {
         };
     }
     None
+}
+
+/// The YAML documents of a stream, split at `---` lines (helm prints each under its own). What
+/// follows `--- ` on its line (a comment, or the start of the document) begins the next one.
+pub(crate) fn documents(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if line.trim_end() == "---" {
+            out.push(&text[start..offset]);
+            start = offset + line.len();
+        } else if line.starts_with("--- ") || line.starts_with("---\t") {
+            out.push(&text[start..offset]);
+            start = offset + 4;
+        }
+        offset += line.len();
+    }
+    out.push(&text[start..]);
+    out.into_iter().filter(|d| !d.trim().is_empty()).collect()
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@ pub use oci::{
     Challenge, OciRef, chart_layer_digest, docker_config_credentials, parse_challenge,
     parse_reference, select_tag, version_tag,
 };
-pub(crate) use render::documents;
 pub use render::{helm_env, parse_rendered, redact, render_args};
 pub use revision::{next_release, recorded_revision, rewrite as rewrite_revision};
 pub use schema::{external_references, reference_allowed};
