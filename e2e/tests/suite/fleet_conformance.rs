@@ -256,6 +256,21 @@ async fn wait_applied(ws: &Workspace, cluster: &str, bundle: &str, file: &str) {
     }
 }
 
+/// Waits until `bundle` is applied on both clusters; the namespace `namespace` stands for
+/// (`@NS@` is the test's `ns`).
+async fn applied_on_both<'a>(
+    ws: &Workspace,
+    bundle: &str,
+    file: &str,
+    namespace: &'a str,
+    ns: &'a str,
+) -> &'a str {
+    for c in ["local", "east"] {
+        wait_applied(ws, c, bundle, file).await;
+    }
+    if namespace == NS { ns } else { namespace }
+}
+
 /// Whether every key of `want` is in `got` with the same value (maps compared recursively).
 fn contains(got: &Value, want: &Value) -> bool {
     match (got, want) {
@@ -343,14 +358,7 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
                 data,
             } => {
                 applied.unwrap_or_else(|e| panic!("{file}: {e}"));
-                for c in ["local", "east"] {
-                    wait_applied(&ws, c, &name, file).await;
-                }
-                let target_ns = if namespace == NS {
-                    ns.as_str()
-                } else {
-                    namespace
-                };
+                let target_ns = applied_on_both(&ws, &name, file, namespace, &ns).await;
                 let want: Value = serde_json::from_str(data).unwrap();
                 for down in &downs {
                     let got = Api::<ConfigMap>::namespaced(down.clone(), target_ns)
@@ -367,14 +375,7 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
                 east,
             } => {
                 applied.unwrap_or_else(|e| panic!("{file}: {e}"));
-                for c in ["local", "east"] {
-                    wait_applied(&ws, c, &name, file).await;
-                }
-                let target_ns = if namespace == NS {
-                    ns.as_str()
-                } else {
-                    namespace
-                };
+                let target_ns = applied_on_both(&ws, &name, file, namespace, &ns).await;
                 for (down, want) in downs.iter().zip([local, east]) {
                     let got = values_seen(down, target_ns, release).await;
                     let want: Value = serde_json::from_str(want).unwrap();
