@@ -172,9 +172,8 @@ fn refused_identity(
         .iter()
         .map(|e| error(&ObjectRef::new(e.api_version(), &e.kind, None, &e.name)))
         .collect();
-    outcome.manifests = spec
-        .resources
-        .iter()
+    // Files are not objects: a chart they carry is the chart entry below.
+    outcome.manifests = tender_types::Manifest::manifests(&spec.resources)
         .map(|m| {
             error(&ObjectRef::new(
                 m.api_version().unwrap_or_default(),

@@ -55,6 +55,7 @@ mod deploy;
 mod downstream;
 mod drift;
 mod execute;
+pub mod files;
 mod heartbeat;
 pub mod helm;
 pub mod hooks;

@@ -11,12 +11,14 @@ use std::time::Duration;
 use kube::ResourceExt;
 use kube::discovery::ApiResource;
 use tender_runtime::reconcile::{error_text, is_not_found};
+use tender_types::conditions::reason;
 use tender_types::{
     BundleDeployment, BundleDeploymentOptions, Manifest, ObjectRef, ObjectState, ObjectStatus,
     namespaces,
 };
 
 use crate::context::Context;
+use crate::files;
 use crate::hooks::HookEvent;
 use crate::plan::{self, DeployPlan, Entry, Found, FoundCopy, FoundHook, Live, LiveState, Owner};
 use crate::{Result, downstream};
@@ -48,6 +50,8 @@ pub(crate) struct Observation {
     pub(crate) hook_timeout: Duration,
     /// The kinds this deployment writes, to watch for drift (started by the report step).
     pub(crate) watch: Vec<ApiResource>,
+    /// The files of `resources`, decoded (or why they cannot be), for the chart they carry.
+    pub(crate) files: std::result::Result<Vec<files::File>, files::FileError>,
 }
 
 /// Observes `bd` for owner `owner`; `pending` says a new deploymentID waits to be applied.
@@ -94,9 +98,11 @@ pub(crate) async fn observe(
         }
     }
     let mut manifests: Vec<Found> = Vec::new();
-    for m in &spec.resources {
+    for m in Manifest::manifests(&spec.resources) {
         manifests.push(find(ctx, m, &mut watch).await);
     }
+    let files = files::decode_all(Manifest::files(&spec.resources));
+    manifests.extend(file_manifests(ctx, &files, &mut watch).await);
     let recorded = ctx.read_inventory(owner).await?;
     // The release applied last is recorded `<revision>/<deploymentID>`; another deploymentID
     // is its next revision (an upgrade), the first one revision 1 (the install).
@@ -136,7 +142,34 @@ pub(crate) async fn observe(
         copy_feature_disabled,
         hook_timeout: hook_timeout(bd),
         watch,
+        files,
     })
+}
+
+/// The manifests of the manifest files among `files` (decision 0123-files-in-a-bundle), or one
+/// error entry naming the file that cannot be read (an error blocks pruning).
+async fn file_manifests(
+    ctx: &Context,
+    files: &std::result::Result<Vec<files::File>, files::FileError>,
+    watch: &mut Vec<ApiResource>,
+) -> Vec<Found> {
+    let read = files
+        .as_ref()
+        .map_err(Clone::clone)
+        .and_then(|f| files::manifests(f));
+    match read {
+        Ok(manifests) => {
+            let mut out = Vec::with_capacity(manifests.len());
+            for m in &manifests {
+                out.push(find(ctx, m, watch).await);
+            }
+            out
+        }
+        Err(e) => vec![Found {
+            manifest: e.manifest(),
+            namespaced: Err(format!("{}: {e}", reason::FILES_INVALID)),
+        }],
+    }
 }
 
 /// The options the manifests are planned with. `rolloutOnCopyChange` hashes what each
@@ -226,6 +259,7 @@ pub(crate) async fn removal_hooks(
             copies_ns,
             revision,
             &[],
+            &files::decode_all(Manifest::files(&bd.spec.resources)).map_err(|e| e.to_string())?,
             ctx.config.policy.reads(&ctx.config.agent_namespace),
         )
         .await

@@ -33,6 +33,22 @@ pub(crate) async fn render(ctx: &Context, bd: &BundleDeployment, observed: &mut 
             FoundCopy::Carried { .. } => None,
         })
         .collect();
+    // A chart carried in the files cannot be rendered from files that cannot be read.
+    let files: &[crate::files::File] = match (&observed.files, helm.files_dir()) {
+        (Ok(files), _) => files,
+        (Err(_), None) => &[],
+        (Err(e), Some(_)) => {
+            observed.input.chart_entry = Some(ObjectStatus::new(
+                &key,
+                ObjectState::Error,
+                Some(format!(
+                    "{}: the chart's files cannot be read: {e}",
+                    tender_types::conditions::reason::FILES_INVALID
+                )),
+            ));
+            return;
+        }
+    };
     let rendered = match crate::helm::pending_copy(&copies, &sources) {
         // A copy the chart reads is on its way: wait for it (Missing), not a failure.
         Some(waiting) => Err(ObjectStatus::new(
@@ -49,6 +65,7 @@ pub(crate) async fn render(ctx: &Context, bd: &BundleDeployment, observed: &mut 
                 &copies_ns,
                 observed.revision.unwrap_or(1),
                 &copies,
+                files,
                 ctx.config.policy.reads(&ctx.config.agent_namespace),
             )
             .await

@@ -68,7 +68,7 @@ fn short(id: &str) -> &str {
 /// `Deployed` (or `ResourcesCopied`) reason instead of `ApplyFailed` (`CopyFailed`): a kind the
 /// cluster does not serve, a namespace stuck terminating, a chart that cannot be rendered or
 /// whose values the owner's policy does not let it read.
-const SPECIFIC_ERRORS: [&str; 20] = [
+const SPECIFIC_ERRORS: [&str; 21] = [
     reason::COPY_SIGNATURE_INVALID,
     reason::HUB_KEY_UNKNOWN,
     reason::COPY_REPLAYED,
@@ -89,6 +89,7 @@ const SPECIFIC_ERRORS: [&str; 20] = [
     reason::VALUES_FROM_MISSING,
     reason::VALUES_INVALID,
     reason::READ_REFUSED_BY_POLICY,
+    reason::FILES_INVALID,
 ];
 
 /// The first specific reason among `errors`' messages, else `fallback`.

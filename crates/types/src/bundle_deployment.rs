@@ -116,8 +116,9 @@ pub struct BundleDeploymentSpec {
     #[serde(default)]
     pub options: BundleDeploymentOptions,
 
-    /// Manifests to apply downstream, in order, after every copy is in place.
+    /// Manifests to apply downstream, in order, after every copy is in place, and the Bundle's files (Fleet's `{name, content, encoding}`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2000))]
     pub resources: Vec<Manifest>,
 
     /// The Bundle's Helm chart, rendered by the agent; its objects are deployed after the copies, like `resources`.

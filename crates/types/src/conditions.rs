@@ -107,6 +107,11 @@ pub mod reason {
     pub const CHART_DIGEST_MISMATCH: &str = "ChartDigestMismatch";
     /// `helm template` failed (its message, never the values).
     pub const CHART_RENDER_FAILED: &str = "ChartRenderFailed";
+    /// The files carried in `resources` cannot be used: a bad encoding, a file over the
+    /// agent's bounds, a chart directory without its `Chart.yaml`, a manifest file whose
+    /// document has no apiVersion or kind, or an archive whose Chart.yaml version is not
+    /// `helm.version` (decision 0123-files-in-a-bundle). The message names the file.
+    pub const FILES_INVALID: &str = "FilesInvalid";
     /// A Helm hook (a Job or Pod) failed, did not complete within the chart's timeout, or its
     /// name is taken by an object that is not tender's: the rollout stops there.
     pub const HOOK_FAILED: &str = "HookFailed";

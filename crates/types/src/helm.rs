@@ -56,8 +56,12 @@ pub(crate) fn fleet_only_helm_fields(spec: &mut Schema) {
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-validations" = [
     {
-        "rule": "(has(self.repo) && self.repo != '') && self.repo.startsWith('oci://') ? (!has(self.chart) || self.chart == '') : (has(self.chart) && self.chart != '' && (self.chart.startsWith('oci://') ? !(has(self.repo) && self.repo != '') : (has(self.repo) && self.repo != '')))",
-        "message": "helm needs a chart name with an https:// repo, an oci:// chart reference without repo, or (Fleet's form) an oci:// repo with chart empty or absent"
+        "rule": "(has(self.repo) && self.repo != '') ? (self.repo.startsWith('oci://') ? (!has(self.chart) || self.chart == '') : (has(self.chart) && self.chart != '' && !self.chart.startsWith('oci://') && !self.chart.startsWith('https://') && !self.chart.startsWith('http://'))) : true",
+        "message": "helm needs a chart name with an https:// repo, an oci:// reference or an absolute https:// chart URL without repo, a chart directory carried in resources (a relative path, \"\" for the root), or (Fleet's form) an oci:// repo with chart empty or absent"
+    },
+    {
+        "rule": "(has(self.repo) && self.repo != '') || !has(self.chart) || self.chart.startsWith('oci://') || self.chart.startsWith('https://') || self.chart.startsWith('http://') || (!self.chart.startsWith('/') && self.chart != '..' && !self.chart.startsWith('../') && !self.chart.endsWith('/..') && !self.chart.contains('/../') && !self.chart.contains('://'))",
+        "message": "helm.chart without repo names a chart directory carried in resources: a relative path without '..' segments"
     },
     {
         "rule": "!has(self.chart) || !self.chart.startsWith('oci://') || self.chart.matches('^oci://[A-Za-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+$')",
@@ -73,7 +77,7 @@ pub(crate) fn fleet_only_helm_fields(spec: &mut Schema) {
     }
 ]))]
 pub struct HelmOptions {
-    /// Name of the chart in the HTTP chart repository `repo`, or an `oci://registry/path/chart` reference. Empty (or absent) when `repo` is an `oci://` reference (Fleet's form).
+    /// Name of the chart in the HTTP chart repository `repo`; or an `oci://registry/path/chart` reference; or an absolute `https://…/chart-1.2.3.tgz` archive URL (repo unset); or, repo unset, the path of a chart directory carried in `resources` as files (`""` or `.` for the root of the files). Empty (or absent) when `repo` is an `oci://` reference (Fleet's form).
     #[serde(
         default,
         skip_serializing_if = "String::is_empty",
@@ -157,6 +161,27 @@ impl HelmOptions {
         self.chart.starts_with("oci://")
     }
 
+    /// Whether `chart` is an absolute archive URL (`https://…/x.tgz`, repo unset).
+    pub fn is_url(&self) -> bool {
+        self.repo.as_deref().is_none_or(str::is_empty)
+            && (self.chart.starts_with("https://") || self.chart.starts_with("http://"))
+    }
+
+    /// The chart directory inside the Bundle's files when the chart is carried in `resources`
+    /// (no repository, not an `oci://` reference nor an absolute URL): `helm.chart` as a
+    /// relative path, `""` for the root (`.` and `./x` read as `""` and `x`).
+    pub fn files_dir(&self) -> Option<String> {
+        if self.repo.as_deref().is_some_and(|r| !r.is_empty()) || self.is_oci() || self.is_url() {
+            return None;
+        }
+        let parts: Vec<&str> = self
+            .chart
+            .split('/')
+            .filter(|p| !p.is_empty() && *p != ".")
+            .collect();
+        Some(parts.join("/"))
+    }
+
     /// tender's form of the chart source: Fleet's `repo: oci://…` (with `chart` empty) becomes
     /// `chart: oci://…` without `repo`, and an `oci://` chart drops any `repo` (a target may
     /// set one while the Bundle set the other). The agent reads only this form.
@@ -165,7 +190,8 @@ impl HelmOptions {
         if let Some(repo) = self.repo.take_if(|r| r.starts_with("oci://")) {
             self.chart = repo;
         }
-        if self.is_oci() {
+        if self.is_oci() || self.chart.starts_with("https://") || self.chart.starts_with("http://")
+        {
             self.repo = None;
         }
         self
@@ -296,6 +322,38 @@ mod tests {
         );
         h.basic_http = true;
         assert_eq!(serde_json::to_value(&h).unwrap()["basicHTTP"], json!(true));
+    }
+
+    #[test]
+    fn where_the_chart_comes_from() {
+        let h = |v: Value| serde_json::from_value::<HelmOptions>(v).unwrap();
+        let url = h(json!({"chart": "https://c.example/app-1.0.0.tgz", "repo": ""}));
+        assert!(url.is_url() && url.files_dir().is_none());
+        let named = h(json!({"chart": "app", "repo": "https://c.example"}));
+        assert!(!named.is_url() && named.files_dir().is_none());
+        assert!(h(json!({"chart": "oci://r/x"})).files_dir().is_none());
+        for (chart, dir) in [
+            ("", ""),
+            (".", ""),
+            ("./", ""),
+            ("./chart", "chart"),
+            ("a//b/", "a/b"),
+        ] {
+            assert_eq!(
+                h(json!({"chart": chart})).files_dir().as_deref(),
+                Some(dir),
+                "{chart:?}"
+            );
+        }
+        assert_eq!(h(json!({})).files_dir().as_deref(), Some(""));
+        // A target's absolute URL over a Bundle's repository chart drops the repository.
+        let merged = HelmOptions {
+            chart: "https://c.example/app-2.0.0.tgz".into(),
+            ..named
+        }
+        .normalized();
+        assert_eq!(merged.repo, None);
+        assert!(merged.is_url());
     }
 
     #[test]

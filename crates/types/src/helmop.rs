@@ -69,6 +69,10 @@ use crate::{DownstreamResource, SourceKind};
         "message": "spec.namespace (Fleet's name) and spec.targetNamespace mean the same thing: set one of them"
     },
     {
+        "rule": "(has(self.helm.repo) && self.helm.repo != '') || (has(self.helm.chart) && (self.helm.chart.startsWith('oci://') || self.helm.chart.startsWith('https://') || self.helm.chart.startsWith('http://')))",
+        "message": "a HelmOp's chart comes from a repository (chart and repo), an oci:// reference or an absolute https:// chart URL: a HelmOp carries no files (a chart directory is a Bundle's, see docs/helm.md)"
+    },
+    {
         "rule": "!(has(self.helmSecretName) && has(self.helm.helmSecretName))",
         "message": "set spec.helmSecretName (a Secret in this namespace, copied downstream for you) or spec.helm.helmSecretName (a Secret already downstream), not both"
     }

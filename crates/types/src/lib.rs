@@ -33,7 +33,8 @@ mod schema;
 
 pub use bundle::{
     Bundle, BundleDisplay, BundleRef, BundleShardStatus, BundleSpec, BundleState, BundleStatus,
-    BundleSummary, BundleTarget, CorrectDrift, DownstreamResource, Manifest, SourceKind,
+    BundleSummary, BundleTarget, CorrectDrift, DownstreamResource, FileEntry, Manifest, Resource,
+    SourceKind,
 };
 pub use bundle_deployment::{
     BundleDeployment, BundleDeploymentDisplay, BundleDeploymentOptions, BundleDeploymentSpec,
@@ -111,7 +112,7 @@ mod tests {
         for needle in [
             "!has(self.__namespace__)",
             "exactly one of clusterName",
-            "x-kubernetes-embedded-resource",
+            "or a file with content (Fleet's {name, content, encoding})",
             r#""x-kubernetes-list-map-keys":["kind","name"]"#,
             r#""x-kubernetes-list-map-keys":["type"]"#,
             "metadata.name of a Bundle must be a DNS label",

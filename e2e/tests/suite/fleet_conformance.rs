@@ -1,7 +1,8 @@
 //! Issue 24, item 7: Fleet's own HelmOps (docs, e2e assets) and `fleet.yaml` helm options
 //! (fleet-examples, fleet-test-data, integration assets) written as tender objects in
 //! `e2e/fixtures/fleet/` — only the apiVersion and the chart source changed, each file naming
-//! its source — applied to a real hub with two real agents, each with its expected outcome:
+//! its source; issue 39: Fleet's Bundle `resources` (files), an absolute chart URL, and a chart
+//! carried in files as `tender apply` writes it — applied to a real hub with two real agents, each with its expected outcome:
 //! deployed on the clusters with the values Fleet would give each one, or refused with the
 //! documented reason. docs/migrating-from-fleet.md states the same result per field.
 
@@ -28,6 +29,12 @@ enum Expect {
         local: &'static str,
         east: &'static str,
     },
+    /// Deployed on both clusters: ConfigMap `name` in `namespace` holds `data` (JSON).
+    ConfigMap {
+        namespace: &'static str,
+        name: &'static str,
+        data: &'static str,
+    },
     /// Accepted; no target selects a cluster (Fleet's page omits targets).
     Accepted,
     /// Accepted; the BundleDeployments carry the chart in tender's form (`chart: oci://…`).
@@ -44,7 +51,33 @@ const FIXTURES: &[(&str, Expect)] = &[
     ("docs-helm-ops.yaml", Expect::Accepted),
     (
         "docs-helm-ops-absolute-url.yaml",
-        Expect::Refused("helm needs a chart name with an https:// repo"),
+        Expect::Deploys {
+            release: "absolute-url",
+            namespace: "that-amazing-namespace",
+            local: "{}",
+            east: "{}",
+        },
+    ),
+    (
+        "e2e-multi-cluster-bundle-cm.yaml",
+        Expect::ConfigMap {
+            namespace: NS,
+            name: "root",
+            data: r#"{"value": "root"}"#,
+        },
+    ),
+    (
+        "files-name-escapes.yaml",
+        Expect::Refused("resources[].name of a file must be a relative path without '..' segments"),
+    ),
+    (
+        "files-chart-beside-fleet-yaml.yaml",
+        Expect::Deploys {
+            release: "files-chart",
+            namespace: NS,
+            local: r#"{"from": "bundle", "fromChart": true, "cluster": "dev"}"#,
+            east: r#"{"from": "bundle", "fromChart": true, "cluster": "prod"}"#,
+        },
     ),
     (
         "e2e-helmop-template.yaml",
@@ -223,6 +256,21 @@ async fn wait_applied(ws: &Workspace, cluster: &str, bundle: &str, file: &str) {
     }
 }
 
+/// Waits until `bundle` is applied on both clusters; the namespace `namespace` stands for
+/// (`@NS@` is the test's `ns`).
+async fn applied_on_both<'a>(
+    ws: &Workspace,
+    bundle: &str,
+    file: &str,
+    namespace: &'a str,
+    ns: &'a str,
+) -> &'a str {
+    for c in ["local", "east"] {
+        wait_applied(ws, c, bundle, file).await;
+    }
+    if namespace == NS { ns } else { namespace }
+}
+
 /// Whether every key of `want` is in `got` with the same value (maps compared recursively).
 fn contains(got: &Value, want: &Value) -> bool {
     match (got, want) {
@@ -304,6 +352,22 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
                 );
                 assert_eq!(helm.repo, None, "{file}: tender's form reaches the agent");
             }
+            Expect::ConfigMap {
+                namespace,
+                name: cm,
+                data,
+            } => {
+                applied.unwrap_or_else(|e| panic!("{file}: {e}"));
+                let target_ns = applied_on_both(&ws, &name, file, namespace, &ns).await;
+                let want: Value = serde_json::from_str(data).unwrap();
+                for down in &downs {
+                    let got = Api::<ConfigMap>::namespaced(down.clone(), target_ns)
+                        .get(cm)
+                        .await
+                        .unwrap_or_else(|e| panic!("{file}: {target_ns}/{cm}: {e}"));
+                    assert_eq!(serde_json::to_value(got.data).unwrap(), want, "{file}");
+                }
+            }
             Expect::Deploys {
                 release,
                 namespace,
@@ -311,14 +375,7 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
                 east,
             } => {
                 applied.unwrap_or_else(|e| panic!("{file}: {e}"));
-                for c in ["local", "east"] {
-                    wait_applied(&ws, c, &name, file).await;
-                }
-                let target_ns = if namespace == NS {
-                    ns.as_str()
-                } else {
-                    namespace
-                };
+                let target_ns = applied_on_both(&ws, &name, file, namespace, &ns).await;
                 for (down, want) in downs.iter().zip([local, east]) {
                     let got = values_seen(down, target_ns, release).await;
                     let want: Value = serde_json::from_str(want).unwrap();
@@ -326,6 +383,30 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
                 }
             }
         }
+    }
+
+    // The chart carried in files: its pre-install hook ran with each cluster's values, and the
+    // manifest file beside the chart was applied.
+    for (down, cluster) in downs.iter().zip(["dev", "prod"]) {
+        let cms = Api::<ConfigMap>::namespaced(down.clone(), &ns);
+        let hook = cms
+            .get("files-chart-hook")
+            .await
+            .expect("the hook's ConfigMap");
+        let data = hook.data.unwrap_or_default();
+        assert_eq!(data.get("cluster").map(String::as_str), Some(cluster));
+        let plain = cms
+            .get("files-chart-plain")
+            .await
+            .expect("the manifest file");
+        assert_eq!(
+            plain
+                .data
+                .unwrap_or_default()
+                .get("from")
+                .map(String::as_str),
+            Some("a manifest file")
+        );
     }
 
     // The namespace-labels fixture: Fleet's labels on the namespace the agent created, the

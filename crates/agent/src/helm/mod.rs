@@ -31,6 +31,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use sha2::Digest;
+
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use serde_json::json;
@@ -169,8 +171,15 @@ impl Charts {
         namespace: &str,
         revision: u32,
         copies: &[Planned],
+        files: &[crate::files::File],
         reads: Reads<'_>,
     ) -> Result<RenderedChart, ChartFailure> {
+        // A chart carried in the files: its directory must hold its Chart.yaml (checked
+        // before anything else, so the condition names the missing file).
+        let carried = match helm.files_dir() {
+            Some(dir) => Some(Carried::of(files, &dir)?),
+            None => None,
+        };
         #[cfg(test)]
         if let Some(rendered) = self
             .prerendered
@@ -206,6 +215,7 @@ impl Charts {
             "namespace": namespace,
             "revision": revision,
             "trust": trust.key(),
+            "files": carried.as_ref().map(|c| &c.digest),
         }));
         if let Some((k, objects)) = self.renders.lock().expect("render memo").get(bd)
             && *k == memo_key
@@ -214,8 +224,12 @@ impl Charts {
         }
         let http = self.http_for(&trust);
         let work = async {
-            let chart = if helm.is_oci() {
+            let chart = if let Some(carried) = &carried {
+                carried.archive(&self.cache)?
+            } else if helm.is_oci() {
                 oci::fetch_oci(&http, &self.cache, helm, auth.as_ref(), &self.limits).await?
+            } else if helm.is_url() {
+                fetch::fetch_url(&http, &self.cache, helm, auth.as_ref(), &self.limits).await?
             } else {
                 fetch::fetch_chart(&http, &self.cache, helm, auth.as_ref(), &self.limits).await?
             };
@@ -300,6 +314,46 @@ impl Charts {
     pub(crate) fn forget(&self, bd: &str) {
         self.renders.lock().expect("render memo").remove(bd);
     }
+}
+
+/// A chart carried in the deployment's files (decision 0123-files-in-a-bundle): its files and
+/// their digest (the render memo's key; the archive is packed only on a miss).
+struct Carried<'a> {
+    files: &'a [crate::files::File],
+    dir: String,
+    digest: String,
+}
+
+impl<'a> Carried<'a> {
+    fn of(files: &'a [crate::files::File], dir: &str) -> Result<Self, ChartFailure> {
+        let chart = crate::files::chart_files(files, dir).map_err(files_failure)?;
+        let mut h = sha2::Sha256::new();
+        for (name, bytes) in &chart {
+            h.update((name.len() as u64).to_le_bytes());
+            h.update(name.as_bytes());
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        }
+        Ok(Self {
+            files,
+            dir: dir.to_string(),
+            digest: hex::encode(h.finalize()),
+        })
+    }
+
+    /// The chart's archive in the chart cache, named by its own sha256 like a repository's.
+    fn archive(&self, cache: &cache::Cache) -> Result<PathBuf, ChartFailure> {
+        let archive = crate::files::chart_archive(self.files, &self.dir).map_err(files_failure)?;
+        let digest = hex::encode(sha2::Sha256::digest(&archive));
+        match cache.get(&digest) {
+            Some(path) => Ok(path),
+            None => cache.store(&digest, &archive),
+        }
+    }
+}
+
+fn files_failure(e: crate::files::FileError) -> ChartFailure {
+    ChartFailure::new(reason::FILES_INVALID, e.to_string())
 }
 
 /// Reads a Secret or ConfigMap downstream if the owner's policy lets a Bundle read it

@@ -237,7 +237,7 @@ async fn read_bounded(
 pub fn parse_rendered(text: &str) -> Result<RenderedChart, String> {
     let mut docs = Vec::new();
     let mut source: Option<String> = None;
-    for chunk in documents(text) {
+    for chunk in crate::files::documents(text) {
         if let Some(s) = chunk.lines().find_map(|l| l.strip_prefix("# Source: ")) {
             source = Some(s.trim().to_string());
         }
@@ -258,26 +258,6 @@ pub fn parse_rendered(text: &str) -> Result<RenderedChart, String> {
         );
     }
     Ok(hooks::split(docs))
-}
-
-/// The YAML documents of a stream, split at `---` lines (helm prints each under its own). What
-/// follows `--- ` on its line (a comment, or the start of the document) begins the next one.
-fn documents(text: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let mut start = 0;
-    let mut offset = 0;
-    for line in text.split_inclusive('\n') {
-        if line.trim_end() == "---" {
-            out.push(&text[start..offset]);
-            start = offset + line.len();
-        } else if line.starts_with("--- ") || line.starts_with("---\t") {
-            out.push(&text[start..offset]);
-            start = offset + 4;
-        }
-        offset += line.len();
-    }
-    out.push(&text[start..]);
-    out.into_iter().filter(|d| !d.trim().is_empty()).collect()
 }
 
 /// Helm's message with every string of the values (4 characters or more) replaced, trimmed.

@@ -10,6 +10,7 @@
 pub(crate) mod fake;
 
 mod deploy_tests;
+mod files_tests;
 mod removal_tests;
 
 use std::sync::Arc;

@@ -59,9 +59,13 @@ pub struct PollReport {
 }
 
 /// The interval and chart of a Bundle that polls: `pollingInterval` set, a `helm` chart, and a
-/// version that is a range or empty (an exact version is never polled).
+/// version that is a range or empty (an exact version is never polled). An absolute chart URL
+/// and a chart carried in `resources` have no index to look in: never polled.
 pub fn polling(spec: &BundleSpec) -> Option<(Duration, &HelmOptions)> {
-    let helm = spec.helm.as_ref()?;
+    let helm = spec
+        .helm
+        .as_ref()
+        .filter(|h| !h.is_url() && h.files_dir().is_none())?;
     let interval = chart_version::polling_interval(spec.polling_interval.as_deref()?)?;
     let exact = helm.version.as_deref().is_some_and(chart_version::is_exact);
     (!exact).then_some((interval, helm))
@@ -210,6 +214,23 @@ mod tests {
             Some(chart_version::MIN_POLLING_INTERVAL)
         );
         assert!(polling(&BundleSpec::default()).is_none());
+    }
+
+    #[test]
+    fn absolute_urls_and_charts_in_resources_are_never_polled() {
+        for chart in [
+            json!({"chart": "https://charts.example.com/app-1.0.0.tgz"}),
+            json!({"chart": "http://charts.example.com/app-1.0.0.tgz", "repo": ""}),
+            json!({"chart": "./chart"}),
+            json!({"chart": ""}),
+        ] {
+            let spec = BundleSpec {
+                helm: Some(serde_json::from_value(chart.clone()).unwrap()),
+                polling_interval: Some("1m".into()),
+                ..BundleSpec::default()
+            };
+            assert!(polling(&spec).is_none(), "{chart}");
+        }
     }
 
     #[test]

@@ -184,3 +184,15 @@ fn one_clusters_values_share_one_budget() {
         "{e}"
     );
 }
+
+#[test]
+fn a_targets_absolute_chart_url_drops_the_bundles_repository() {
+    let base = helm(json!({"chart": "app", "repo": "https://charts.example.com", "version": "^1"}));
+    let over: HelmOverride =
+        serde_json::from_value(json!({"chart": "https://mirror.example.com/app-1.2.0.tgz"}))
+            .unwrap();
+    let merged = merge_helm(&base, &over).normalized();
+    assert_eq!(merged.chart, "https://mirror.example.com/app-1.2.0.tgz");
+    assert_eq!(merged.repo, None, "the URL is the chart: no index to read");
+    assert!(merged.is_url());
+}
