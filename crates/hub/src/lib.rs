@@ -30,6 +30,7 @@ pub mod push;
 pub mod signing;
 mod slim;
 pub mod sources;
+mod state_metrics;
 mod summary;
 #[cfg(test)]
 mod testing;
@@ -45,6 +46,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::{
     counter::Counter,
     family::Family,
+    gauge::Gauge,
     histogram::{Histogram, exponential_buckets},
 };
 use prometheus_client::registry::Unit;
@@ -179,6 +181,10 @@ pub struct HubMetrics {
     pub status_writes: Family<KindLabels, Counter>,
     /// Time a Bundle reconcile spent writing BundleDeployments and copies, when it wrote any.
     pub fanout_duration: Histogram,
+    /// 1 while this replica runs the controllers (leads, or runs without leader election).
+    pub leader: Gauge,
+    /// Clusters, Bundles and BundleDeployments by state, counted from the caches on scrape.
+    pub state: state_metrics::StateGauges,
 }
 
 impl HubMetrics {
@@ -193,6 +199,8 @@ impl HubMetrics {
             bundle_deployments_deleted: Counter::default(),
             status_writes: Family::default(),
             fanout_duration: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
+            leader: Gauge::default(),
+            state: state_metrics::StateGauges::default(),
         };
         let r = metrics
             .registry_mut()
@@ -238,6 +246,12 @@ impl HubMetrics {
             Unit::Seconds,
             this.fanout_duration.clone(),
         );
+        r.register(
+            "leader",
+            "1 while this replica runs the controllers (holds the Lease, or runs without leader election)",
+            this.leader.clone(),
+        );
+        r.register_collector(Box::new(this.state.clone()));
         this
     }
 }
@@ -269,6 +283,7 @@ pub async fn run(
     let config = Arc::new(config);
     let mut shutdown = std::pin::pin!(shutdown);
     let Some(leader) = config.leader_election.clone() else {
+        hub_metrics.leader.set(1);
         tokio::select! {
             result = watch::run_controllers(client, config, metrics, hub_metrics, health) => return result,
             () = &mut shutdown => return Ok(()),
@@ -290,6 +305,7 @@ pub async fn run(
         }
         tracing::info!(lease = %leader.lease_name, "leading: starting controllers");
         health.set_ready(false);
+        hub_metrics.leader.set(1);
         let controllers = watch::run_controllers(
             client.clone(),
             config.clone(),
@@ -302,11 +318,13 @@ pub async fn run(
             lost = async { is_leader.wait_for(|leading| !*leading).await.is_ok() } => {
                 if !lost { break Ok(()) }
                 tracing::warn!(lease = %leader.lease_name, "lost leadership: stopping controllers");
+                hub_metrics.leader.set(0);
                 health.set_ready(true);
             }
             result = controllers => break result,
         }
     };
+    hub_metrics.leader.set(0);
     election.release().await;
     result
 }

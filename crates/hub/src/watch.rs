@@ -91,6 +91,14 @@ fn scope_controllers(
         &client,
         discovered,
     );
+    // Counted on scrape while this scope runs (the guard leaves with the `run` future).
+    let attached = hub.state.attach(
+        config
+            .shard_id
+            .is_none()
+            .then(|| (stores.clusters.clone(), stores.bundles.clone())),
+        stores.bundle_deployments.clone(),
+    );
     // Push tasks report state changes here; the Cluster controller writes them to status.
     let (push_tx, push_rx) = futures::channel::mpsc::unbounded();
     let mut push = crate::push::Push::new(
@@ -160,6 +168,7 @@ fn scope_controllers(
     };
 
     let run = async move {
+        let _attached = attached;
         tokio::select! {
             _ = futures::future::join_all(feeds) => tracing::warn!("a watch ended"),
             () = controllers => tracing::warn!("controllers ended"),
