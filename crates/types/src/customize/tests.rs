@@ -184,3 +184,22 @@ fn one_clusters_values_share_one_budget() {
         "{e}"
     );
 }
+
+#[test]
+fn ranges_make_lists_and_maps_of_values() {
+    let mut h = helm(json!({
+        "chart": "app", "repo": "https://c",
+        "values": {
+            "labels": "{${ range $k, $v := .ClusterLabels }${ $k }: ${ $v | quote }, ${ end }}",
+            "zones": "[${ range $i, $z := list \"a\" \"b\" }${ if $i }, ${ end }${ $.ClusterName }-${ $z }${ end }]"
+        },
+        "templateValues": {"ids": "[${ range .ClusterValues.replicas }${ . },${ end }]"}
+    }));
+    preprocess(&mut h, &labels(), &ctx()).unwrap();
+    assert_eq!(
+        Value::Object(h.values.unwrap().0),
+        json!({
+            "labels": {"env": "prod"}, "zones": ["east-a", "east-b"], "ids": [0, 1, 2]
+        })
+    );
+}
