@@ -46,6 +46,12 @@ fn template(chart_name: &str, namespace: &str, set: &[&str]) -> Vec<DynamicObjec
 }
 
 async fn dry_run_apply(client: &kube::Client, namespace: &str, objects: &[DynamicObject]) {
+    create_namespace(client, namespace).await;
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    dry_run(client, &discovery, namespace, objects).await;
+}
+
+async fn create_namespace(client: &kube::Client, namespace: &str) {
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -59,7 +65,15 @@ async fn dry_run_apply(client: &kube::Client, namespace: &str, objects: &[Dynami
         )
         .await
         .unwrap();
-    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+}
+
+/// Server-side dry run of `objects` (namespaced ones in `namespace` unless they say).
+async fn dry_run(
+    client: &kube::Client,
+    discovery: &Discovery,
+    namespace: &str,
+    objects: &[DynamicObject],
+) {
     let mut pp = PatchParams::apply("tender-e2e").force();
     pp.dry_run = true;
     for obj in objects {
@@ -357,4 +371,303 @@ async fn the_agent_chart_renders_a_helm_bundle_under_its_pods_security_context()
             .map(String::as_str),
         Some("sandboxed")
     );
+}
+
+/// Each chart's opt-in toggles (docs/monitoring.md), as `--set` arguments; the NetworkPolicy's
+/// with the CIDRs it requires.
+fn toggles(chart_name: &str) -> Vec<&'static str> {
+    let mut t = vec![
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.podMonitor.enabled=true",
+        "prometheusRule.enabled=true",
+        "grafanaDashboard.enabled=true",
+    ];
+    if chart_name == "tender-hub" {
+        t.push("podDisruptionBudget.enabled=true");
+        t.push(
+            "networkPolicy.enabled=true,networkPolicy.apiServer.cidrs={10.0.0.1/32},\
+             networkPolicy.chartHosts.cidrs={0.0.0.0/0},\
+             networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+        );
+    } else {
+        t.push(
+            "networkPolicy.enabled=true,networkPolicy.apiServer.cidrs={10.0.0.1/32},\
+             networkPolicy.hubApiServer.cidrs={10.1.0.0/24},networkPolicy.chartHosts.cidrs={0.0.0.0/0}",
+        );
+    }
+    t
+}
+
+/// The values every render of `chart_name` needs (the hub with a shard and two replicas, so
+/// the per-shard Service and the disruption budgets render).
+fn base_values(chart_name: &str) -> Vec<&'static str> {
+    if chart_name == "tender-hub" {
+        vec!["workspaceNamespaces={tender-default}", "shards[0].id=eu"]
+    } else {
+        vec!["clusterName=east", "hubKubeconfig=apiVersion: v1"]
+    }
+}
+
+fn kind_of(o: &DynamicObject) -> &str {
+    o.types.as_ref().map_or("", |t| t.kind.as_str())
+}
+
+/// Renders `chart_name` with every combination of its toggles and dry-runs each on the
+/// apiserver `client` serves, the prometheus-operator CRDs installed first.
+async fn every_combination_is_accepted(client: kube::Client, chart_name: &str) {
+    tender_e2e::prometheus_operator::install_crds(&client)
+        .await
+        .expect("installing the prometheus-operator CRDs");
+    let ns = unique_name("tender-toggles");
+    create_namespace(&client, &ns).await;
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    let toggles = toggles(chart_name);
+    let mut seen = std::collections::BTreeSet::new();
+    for mask in 0..(1u32 << toggles.len()) {
+        let mut set = base_values(chart_name);
+        set.extend(
+            toggles
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| mask & (1 << i) != 0)
+                .map(|(_, t)| *t),
+        );
+        let objects = template(chart_name, &ns, &set);
+        seen.extend(objects.iter().map(|o| kind_of(o).to_string()));
+        dry_run(&client, &discovery, &ns, &objects).await;
+    }
+    for kind in [
+        "ServiceMonitor",
+        "PodMonitor",
+        "PrometheusRule",
+        "NetworkPolicy",
+        "ConfigMap",
+    ] {
+        assert!(seen.contains(kind), "{chart_name} never rendered a {kind}");
+    }
+}
+
+/// issue 40: the hub chart's toggles, every combination (64), accepted by the hub apiserver.
+#[tokio::test]
+async fn every_combination_of_the_hub_charts_toggles_is_accepted() {
+    let env = shared_env_of("charts", 1).await;
+    let client = env.client(HUB).await.unwrap();
+    install_crds(&client).await.unwrap();
+    every_combination_is_accepted(client, "tender-hub").await;
+}
+
+/// issue 40: the agent chart's toggles, every combination (32), accepted downstream.
+#[tokio::test]
+async fn every_combination_of_the_agent_charts_toggles_is_accepted() {
+    let env = shared_env_of("charts", 1).await;
+    let client = env.client(&downstream_name(1)).await.unwrap();
+    every_combination_is_accepted(client, "tender-agent").await;
+}
+
+#[test]
+fn charts_lint_clean_with_every_toggle_on() {
+    for name in ["tender-hub", "tender-agent"] {
+        let path = chart(name);
+        let mut args = vec!["lint", "--strict", path.to_str().unwrap()];
+        for s in base_values(name).into_iter().chain(toggles(name)) {
+            args.extend(["--set", s]);
+        }
+        let out = helm(&args);
+        assert!(
+            out.status.success(),
+            "helm lint {name} with every toggle:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The disruption budgets follow the replicas (one per Deployment, none for a single
+/// replica), and a NetworkPolicy without the apiserver's address is refused by name.
+#[test]
+fn hub_chart_budgets_follow_replicas_and_policies_need_the_apiserver() {
+    let budgets = |replicas: &str| {
+        let r = format!("replicaCount={replicas}");
+        template(
+            "tender-hub",
+            "tender-system",
+            &["shards[0].id=eu", "podDisruptionBudget.enabled=true", &r],
+        )
+        .into_iter()
+        .filter(|o| kind_of(o) == "PodDisruptionBudget")
+        .map(|o| o.metadata.name.unwrap())
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(budgets("2"), ["tender-hub", "tender-hub-shard-eu"]);
+    assert!(budgets("1").is_empty());
+    for (name, set, want) in [
+        (
+            "tender-hub",
+            vec!["networkPolicy.enabled=true"],
+            "networkPolicy.apiServer.cidrs is required",
+        ),
+        (
+            "tender-agent",
+            vec![
+                "clusterName=east",
+                "hubKubeconfig=x",
+                "networkPolicy.enabled=true",
+                "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+            ],
+            "networkPolicy.hubApiServer.cidrs is required",
+        ),
+    ] {
+        let path = chart(name);
+        let mut args = vec!["template", "t", path.to_str().unwrap()];
+        for s in &set {
+            args.extend(["--set", s]);
+        }
+        let out = helm(&args);
+        assert!(!out.status.success(), "{name} {set:?} rendered");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want), "{name}: {err}");
+    }
+}
+
+/// The metric and label names a PromQL expression reads: a small reader for the charts' own
+/// expressions (strings, durations, numbers, functions and keywords skipped; names inside
+/// `{}` and after `by`/`without`/`on`/`ignoring` are labels).
+fn promql_names(
+    expr: &str,
+) -> (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<String>,
+) {
+    const KEYWORDS: &[&str] = &["and", "or", "unless", "bool", "offset"];
+    const LABEL_LISTS: &[&str] = &[
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    let (mut metrics, mut labels) = (Default::default(), std::collections::BTreeSet::new());
+    let metrics: &mut std::collections::BTreeSet<String> = &mut metrics;
+    let b = expr.as_bytes();
+    let (mut i, mut in_braces, mut in_list, mut list_next) = (0, false, false, false);
+    while i < b.len() {
+        let c = b[i];
+        if c == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+        } else if c == b'[' {
+            while i < b.len() && b[i] != b']' {
+                i += 1;
+            }
+        } else if c.is_ascii_digit() {
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'.') {
+                i += 1;
+            }
+        } else if c.is_ascii_alphabetic() || c == b'_' || c == b':' {
+            let start = i;
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b':') {
+                i += 1;
+            }
+            let word = &expr[start..i];
+            let called = expr[i..].trim_start().starts_with('(');
+            if in_braces || in_list {
+                labels.insert(word.to_string());
+            } else if LABEL_LISTS.contains(&word) {
+                list_next = true;
+            } else if !KEYWORDS.contains(&word) && !called {
+                metrics.insert(word.to_string());
+            }
+        } else {
+            match c {
+                b'{' => in_braces = true,
+                b'}' => in_braces = false,
+                b'(' if list_next => (in_list, list_next) = (true, false),
+                b')' => in_list = false,
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+    (std::mem::take(metrics), labels)
+}
+
+#[test]
+fn promql_names_reads_metrics_and_labels() {
+    let (m, l) = promql_names(
+        r#"histogram_quantile(0.99, sum by (controller, le) (rate(x_bucket{namespace="a", c!~"b{"}[10m]))) > 5 unless y == 1"#,
+    );
+    assert_eq!(m.into_iter().collect::<Vec<_>>(), ["x_bucket", "y"]);
+    assert_eq!(
+        l.into_iter().collect::<Vec<_>>(),
+        ["c", "controller", "le", "namespace"]
+    );
+}
+
+/// issue 40: every metric and label the charts' PrometheusRules and dashboards read is in
+/// docs/monitoring.md's table for that binary, whose rows the hub's and the agent's unit tests
+/// check against their registries (`monitoring_doc_lists_only_exported_metrics`).
+#[test]
+fn monitoring_objects_read_only_listed_metrics() {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring.md"),
+    )
+    .unwrap();
+    const TARGET_LABELS: &[&str] = &["namespace", "container", "pod", "job", "instance"];
+    for (chart_name, binary) in [("tender-hub", "hub"), ("tender-agent", "agent")] {
+        let listed = tender_runtime::metrics::documented_metrics(&doc, binary);
+        let mut set = base_values(chart_name);
+        set.extend(toggles(chart_name));
+        let objects = template(chart_name, "tender-system", &set);
+        let mut exprs = Vec::new();
+        for o in &objects {
+            match kind_of(o) {
+                "PrometheusRule" => {
+                    for group in o.data["spec"]["groups"].as_array().unwrap() {
+                        for rule in group["rules"].as_array().unwrap() {
+                            exprs.push(rule["expr"].as_str().unwrap().to_string());
+                        }
+                    }
+                }
+                "ConfigMap" if o.metadata.name.as_deref().unwrap().ends_with("-dashboard") => {
+                    for text in o.data["data"].as_object().unwrap().values() {
+                        let dash: serde_json::Value =
+                            serde_json::from_str(text.as_str().unwrap()).unwrap();
+                        for panel in dash["panels"].as_array().unwrap() {
+                            for t in panel["targets"].as_array().unwrap() {
+                                exprs.push(t["expr"].as_str().unwrap().to_string());
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        assert!(exprs.len() >= 10, "{chart_name}: {exprs:?}");
+        for expr in &exprs {
+            let (metrics, labels) = promql_names(expr);
+            assert!(!metrics.is_empty(), "{expr}");
+            let mut allowed: Vec<&str> = TARGET_LABELS.to_vec();
+            for metric in &metrics {
+                if metric == "up" {
+                    continue;
+                }
+                let Some((_, l)) = listed.iter().find(|(m, _)| m == metric) else {
+                    panic!(
+                        "{chart_name} reads {metric}, not listed for the {binary} in docs/monitoring.md: {expr}"
+                    );
+                };
+                allowed.extend(l.iter().map(String::as_str));
+            }
+            for label in &labels {
+                assert!(
+                    allowed.contains(&label.as_str()),
+                    "{chart_name} reads label {label}, not listed for {metrics:?}: {expr}"
+                );
+            }
+        }
+    }
 }
