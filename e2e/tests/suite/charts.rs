@@ -538,7 +538,26 @@ fn promql_names(
     std::collections::BTreeSet<String>,
     std::collections::BTreeSet<String>,
 ) {
-    const KEYWORDS: &[&str] = &["and", "or", "unless", "bool", "offset"];
+    // Operators, and aggregations (which may be followed by `by (…)` before their `(`).
+    const KEYWORDS: &[&str] = &[
+        "and",
+        "or",
+        "unless",
+        "bool",
+        "offset",
+        "sum",
+        "min",
+        "max",
+        "avg",
+        "count",
+        "group",
+        "stddev",
+        "stdvar",
+        "topk",
+        "bottomk",
+        "quantile",
+        "count_values",
+    ];
     const LABEL_LISTS: &[&str] = &[
         "by",
         "without",
