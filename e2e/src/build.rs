@@ -97,6 +97,13 @@ pub fn ensure_helm() -> Result<PathBuf> {
     )
 }
 
+/// Returns `promql-check`, built from `e2e/tools/promql` (Prometheus's own rule-file reader
+/// and PromQL parser, as `promtool check rules` uses them), building it if needed.
+pub fn ensure_promql_check() -> Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/promql");
+    ensure_go_binary(&dir, ".", "promql-check", "-s -w", "the PromQL checker")
+}
+
 /// Returns the path of the OCI registry built from `e2e/tools/registry` (distribution's
 /// registry with filesystem storage and htpasswd/token auth, plus an htpasswd writer and a
 /// Bearer token issuer), building it if needed.

@@ -638,33 +638,8 @@ fn monitoring_objects_read_only_listed_metrics() {
     const TARGET_LABELS: &[&str] = &["namespace", "container", "pod", "job", "instance"];
     for (chart_name, binary) in [("tender-hub", "hub"), ("tender-agent", "agent")] {
         let listed = tender_runtime::metrics::documented_metrics(&doc, binary);
-        let mut set = base_values(chart_name);
-        set.extend(toggles(chart_name));
-        let objects = template(chart_name, "tender-system", &set);
-        let mut exprs = Vec::new();
-        for o in &objects {
-            match kind_of(o) {
-                "PrometheusRule" => {
-                    for group in o.data["spec"]["groups"].as_array().unwrap() {
-                        for rule in group["rules"].as_array().unwrap() {
-                            exprs.push(rule["expr"].as_str().unwrap().to_string());
-                        }
-                    }
-                }
-                "ConfigMap" if o.metadata.name.as_deref().unwrap().ends_with("-dashboard") => {
-                    for text in o.data["data"].as_object().unwrap().values() {
-                        let dash: serde_json::Value =
-                            serde_json::from_str(text.as_str().unwrap()).unwrap();
-                        for panel in dash["panels"].as_array().unwrap() {
-                            for t in panel["targets"].as_array().unwrap() {
-                                exprs.push(t["expr"].as_str().unwrap().to_string());
-                            }
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
+        let (rules, mut exprs) = monitoring_promql(chart_name);
+        exprs.extend(rule_exprs(&rules));
         assert!(exprs.len() >= 10, "{chart_name}: {exprs:?}");
         for expr in &exprs {
             let (metrics, labels) = promql_names(expr);
@@ -689,4 +664,84 @@ fn monitoring_objects_read_only_listed_metrics() {
             }
         }
     }
+}
+
+/// The PromQL `chart_name` ships with every toggle on: each PrometheusRule's `spec` (a
+/// Prometheus rule file), and every dashboard expression.
+fn monitoring_promql(chart_name: &str) -> (Vec<serde_json::Value>, Vec<String>) {
+    let (mut rules, mut exprs) = (Vec::new(), Vec::new());
+    let mut set = base_values(chart_name);
+    set.extend(toggles(chart_name));
+    for o in template(chart_name, "tender-system", &set) {
+        match kind_of(&o) {
+            "PrometheusRule" => rules.push(o.data["spec"].clone()),
+            "ConfigMap" if o.metadata.name.as_deref().unwrap().ends_with("-dashboard") => {
+                for text in o.data["data"].as_object().unwrap().values() {
+                    let dash: serde_json::Value =
+                        serde_json::from_str(text.as_str().unwrap()).unwrap();
+                    for panel in dash["panels"].as_array().unwrap() {
+                        for t in panel["targets"].as_array().unwrap() {
+                            exprs.push(t["expr"].as_str().unwrap().to_string());
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (rules, exprs)
+}
+
+/// Every alert expression in PrometheusRule `specs`.
+fn rule_exprs(specs: &[serde_json::Value]) -> Vec<String> {
+    specs
+        .iter()
+        .flat_map(|spec| spec["groups"].as_array().unwrap())
+        .flat_map(|group| group["rules"].as_array().unwrap())
+        .map(|rule| rule["expr"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// issue 40: the rules are valid Prometheus rule files (`promtool check rules`' reader:
+/// expressions, durations, label and annotation templates) and every dashboard expression
+/// parses, checked by Prometheus's own code built from its Go module (`e2e/tools/promql`).
+#[test]
+fn monitoring_rules_and_dashboards_parse_as_prometheus_reads_them() {
+    let check = tender_e2e::ensure_promql_check().expect("building promql-check");
+    let dir = std::env::temp_dir().join(unique_name("tender-promql"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (mut rules, mut exprs) = (Vec::new(), Vec::new());
+    for chart_name in ["tender-hub", "tender-agent"] {
+        let (r, e) = monitoring_promql(chart_name);
+        rules.extend(r);
+        exprs.extend(e.into_iter().map(|e| e.replace('\n', " ")));
+    }
+    assert_eq!(rules.len(), 2, "one PrometheusRule per chart");
+    let exprs_file = dir.join("exprs.txt");
+    std::fs::write(&exprs_file, exprs.join("\n")).unwrap();
+    let mut cmd = Command::new(&check);
+    cmd.arg("-exprs").arg(&exprs_file);
+    for (i, r) in rules.iter().enumerate() {
+        let path = dir.join(format!("rules-{i}.json"));
+        std::fs::write(&path, r.to_string()).unwrap();
+        cmd.arg(path);
+    }
+    let out = cmd.output().expect("running promql-check");
+    // And it refuses what Prometheus refuses, so a pass means something.
+    let bad = dir.join("bad.txt");
+    std::fs::write(&bad, "sum(rate(x[5m]) by\n").unwrap();
+    let refused = Command::new(&check)
+        .arg("-exprs")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("parse error"));
 }
