@@ -305,7 +305,7 @@ async fn the_agent_chart_renders_a_helm_bundle_under_its_pods_security_context()
     ws.cluster("east").await;
     let helm = ensure_helm().expect("building helm");
     let release_ns = unique_name("tender-system");
-    let _agent = start_agent(
+    let agent = start_agent(
         &ws,
         "east",
         &downstream_name(1),
@@ -371,6 +371,8 @@ async fn the_agent_chart_renders_a_helm_bundle_under_its_pods_security_context()
             .map(String::as_str),
         Some("sandboxed")
     );
+    // issue 40: the running agent exports what docs/monitoring.md lists for it.
+    assert_exports_listed_metrics(&agent.scrape().await, "agent");
 }
 
 /// Each chart's opt-in toggles (docs/monitoring.md), as `--set` arguments; the NetworkPolicy's
@@ -744,4 +746,74 @@ fn monitoring_rules_and_dashboards_parse_as_prometheus_reads_them() {
     );
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stdout).contains("parse error"));
+}
+
+/// `scraped` (a live `/metrics`) holds every metric docs/monitoring.md lists for `binary`, each
+/// with its listed labels, but the families that have a sample only once something went wrong
+/// or was skipped (prometheus-client encodes no family without a sample): their registration
+/// is checked by the binaries' unit tests (`monitoring_doc_lists_only_exported_metrics`).
+fn assert_exports_listed_metrics(scraped: &str, binary: &str) {
+    const ONLY_AFTER_AN_EVENT: &[&str] = &[
+        "reconcile_errors_total",
+        "tender_object_writes_skipped_total",
+    ];
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring.md"),
+    )
+    .unwrap();
+    let series = tender_runtime::metrics::series_labels(scraped);
+    let listed = tender_runtime::metrics::documented_metrics(&doc, binary);
+    assert!(listed.len() >= 10, "{listed:?}");
+    for (metric, labels) in listed {
+        let Some(have) = series.get(&metric) else {
+            assert!(
+                ONLY_AFTER_AN_EVENT.contains(&metric.as_str()),
+                "the running {binary} does not export {metric}:\n{scraped}"
+            );
+            continue;
+        };
+        for label in &labels {
+            assert!(
+                have.contains(label),
+                "the running {binary}'s {metric} has no label {label}: {have:?}"
+            );
+        }
+    }
+}
+
+/// issue 40: a hub running from the chart's Deployment, after planning a Bundle, exports what
+/// docs/monitoring.md lists for it (the agent's side: the sandbox test above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_hub_exports_every_listed_metric() {
+    use serde_json::json;
+    use tender_e2e::fixture::Workspace;
+    use tender_e2e::running::{Running, install_hub_chart};
+
+    let env = shared_env_of("charts", 1).await;
+    let ws = Workspace::without_hub(env, "chart-hub-metrics").await;
+    let deployment = install_hub_chart(&ws.hub, &ws.ns, &[]).await;
+    let hub = Running::start(env, HUB, &deployment, "tender-hub-metrics", &[]).await;
+    ws.cluster("east").await;
+    ws.source_secret("creds", &[("password", "v1")]).await;
+    ws.bundle(
+        "app",
+        json!({
+            "targets": [{"clusterName": "east"}],
+            "downstreamResources": [{"kind": "Secret", "name": "creds"}],
+        }),
+    )
+    .await;
+    // Planned and written: a BundleDeployment and a copy for east.
+    let written = tender_e2e::within(tender_e2e::fixture::WAIT, || async {
+        let text = hub.scrape().await;
+        [
+            "tender_hub_bundle_deployments_written_total 1",
+            "tender_hub_copies_written_total 1",
+        ]
+        .iter()
+        .all(|l| text.lines().any(|x| x == *l))
+    })
+    .await;
+    assert!(written, "the hub wrote nothing:\n{}", hub.log_tail());
+    assert_exports_listed_metrics(&hub.scrape().await, "hub");
 }
