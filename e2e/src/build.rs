@@ -97,18 +97,11 @@ pub fn ensure_helm() -> Result<PathBuf> {
     )
 }
 
-/// Returns the path of `promql-check` built from `e2e/tools/promql` (Prometheus's own PromQL
-/// parser: it parses the expressions of the charts' alerting rules and dashboard and reports
-/// the metric and label names each uses), building it if needed.
+/// Returns `promql-check`, built from `e2e/tools/promql` (Prometheus's own rule-file reader
+/// and PromQL parser, as `promtool check rules` uses them), building it if needed.
 pub fn ensure_promql_check() -> Result<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/promql");
-    ensure_go_binary(
-        &dir,
-        ".",
-        "promql-check",
-        "-s -w",
-        "the PromQL checker (Prometheus's parser)",
-    )
+    ensure_go_binary(&dir, ".", "promql-check", "-s -w", "the PromQL checker")
 }
 
 /// Returns the path of the OCI registry built from `e2e/tools/registry` (distribution's

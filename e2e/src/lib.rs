@@ -80,6 +80,7 @@ pub mod local_pod;
 pub mod oci_registry;
 /// Peers for `tender-bench --peers` (Flux, Kyverno): build recipes and CRDs.
 pub mod peers;
+pub mod prometheus_operator;
 pub mod proxy;
 pub mod real_charts;
 pub mod running;

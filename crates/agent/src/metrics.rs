@@ -227,4 +227,37 @@ mod tests {
                 .any(|l| l == "tender_agent_hub_access_lost 1")
         );
     }
+
+    /// Every row of docs/monitoring.md's metrics table that names the agent is a series the
+    /// agent's registry encodes, with the labels listed (the charts' rules and dashboards read
+    /// only those rows; `e2e/tests/suite/charts.rs` checks that side).
+    #[test]
+    fn monitoring_doc_lists_only_exported_metrics() {
+        let metrics = AgentMetrics::register(Metrics::new());
+        let base = metrics.shared();
+        // One sample in every labelled family.
+        drop(base.reconcile("bundledeployment"));
+        base.reconcile_error("bundledeployment", "Conflict");
+        base.kube_request("get", "secrets", "");
+        drop(base.kube_request_in_flight("get", "secrets", ""));
+        base.object_write("apply", "Secret");
+        base.object_write_skipped("apply", "Secret");
+        metrics.written("apply", "Secret");
+        metrics.heartbeat("lease", true);
+        let exported = tender_runtime::metrics::series_labels(&base.encode());
+        let doc = include_str!("../../../docs/monitoring.md");
+        let rows = tender_runtime::metrics::documented_metrics(doc, "agent");
+        assert!(rows.len() >= 10, "{rows:?}");
+        for (metric, labels) in rows {
+            let Some(have) = exported.get(&metric) else {
+                panic!("docs/monitoring.md lists {metric}, which the agent does not export");
+            };
+            for label in labels {
+                assert!(
+                    have.contains(&label),
+                    "{metric} has no label {label}: {have:?}"
+                );
+            }
+        }
+    }
 }

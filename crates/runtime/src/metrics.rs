@@ -1,5 +1,6 @@
 //! The Prometheus registry and the metric families every tender controller reports.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use prometheus_client::{
@@ -251,6 +252,56 @@ impl Metrics {
         encode(&mut out, &self.registry).expect("encoding metrics into a String");
         out
     }
+}
+
+/// The series names of an OpenMetrics text (as [`Metrics::encode`] writes it, or a scrape),
+/// each with the label names its samples carry: what a PromQL selector can name.
+pub fn series_labels(text: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name_end = line.find(['{', ' ']).unwrap_or(line.len());
+        let labels = out.entry(line[..name_end].to_string()).or_default();
+        if let Some(inner) = line[name_end..]
+            .strip_prefix('{')
+            .and_then(|rest| rest.split_once('}'))
+        {
+            // Label values here are tender's own words (kinds, verbs, reasons): no `,` or `=`.
+            for pair in inner.0.split(',').filter(|p| !p.is_empty()) {
+                labels.insert(pair.split('=').next().unwrap_or_default().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// The rows of the metrics table in `docs/monitoring.md` that name `binary` in their last
+/// column: each metric with the labels the charts' rules and dashboards use.
+pub fn documented_metrics(doc: &str, binary: &str) -> Vec<(String, Vec<String>)> {
+    doc.lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l
+                .trim()
+                .trim_matches('|')
+                .split('|')
+                .map(str::trim)
+                .collect();
+            let [metric, labels, by] = cells[..] else {
+                return None;
+            };
+            let metric = metric.strip_prefix('`')?.strip_suffix('`')?;
+            by.split(", ").any(|b| b == binary).then(|| {
+                let labels = labels
+                    .split(", ")
+                    .filter_map(|x| x.strip_prefix('`')?.strip_suffix('`'))
+                    .map(str::to_string)
+                    .collect();
+                (metric.to_string(), labels)
+            })
+        })
+        .collect()
 }
 
 /// Records the elapsed time of one reconciliation into `reconcile_duration_seconds` on drop.

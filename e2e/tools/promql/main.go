@@ -1,83 +1,65 @@
-// promql-check parses PromQL expressions with Prometheus's own parser and reports the metric
-// names and label names each one uses. Input (stdin): a JSON array of {"source", "expr"}.
-// Output (stdout): a JSON array of {"source", "metrics": [{"name", "labels"}], "error"}.
-// Grafana's interval variables are replaced by durations before parsing.
+// Command promql-check parses alerting-rule files as Prometheus does (`promtool check rules`:
+// rulefmt, whose checks include every expression, label and annotation template) and files of
+// PromQL expressions, one per line, with Prometheus's own parser. It prints every error and
+// exits 1 if there was one.
+//
+// Usage: promql-check [-exprs FILE]... [RULES_FILE]...
 package main
 
 import (
-	"encoding/json"
+	"bufio"
+	"flag"
+	"fmt"
+	"log/slog"
 	"os"
-	"regexp"
-	"sort"
+	"strings"
 
+	"github.com/prometheus/common/model"
+
+	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 )
 
-type input struct {
-	Source string `json:"source"`
-	Expr   string `json:"expr"`
-}
+type files []string
 
-type metric struct {
-	Name   string   `json:"name"`
-	Labels []string `json:"labels"`
-}
-
-type output struct {
-	Source  string   `json:"source"`
-	Metrics []metric `json:"metrics"`
-	Error   string   `json:"error,omitempty"`
-}
-
-var grafanaInterval = regexp.MustCompile(`\$(__rate_interval|__interval|__range)|\$\{(__rate_interval|__interval|__range)\}`)
+func (f *files) String() string     { return strings.Join(*f, ",") }
+func (f *files) Set(v string) error { *f = append(*f, v); return nil }
 
 func main() {
-	p := parser.NewParser(parser.Options{})
-	var in []input
-	if err := json.NewDecoder(os.Stdin).Decode(&in); err != nil {
-		panic(err)
+	var exprFiles files
+	flag.Var(&exprFiles, "exprs", "a file of PromQL expressions, one per line (repeatable)")
+	flag.Parse()
+	failed := false
+	pql := parser.NewParser(parser.Options{})
+	for _, path := range flag.Args() {
+		_, errs := rulefmt.ParseFile(path, false, model.UTF8Validation, pql, slog.Default())
+		for _, err := range errs {
+			fmt.Printf("%s: %v\n", path, err)
+			failed = true
+		}
 	}
-	out := []output{}
-	for _, e := range in {
-		o := output{Source: e.Source, Metrics: []metric{}}
-		expr, err := p.ParseExpr(grafanaInterval.ReplaceAllString(e.Expr, "5m"))
+	for _, path := range exprFiles {
+		f, err := os.Open(path)
 		if err != nil {
-			o.Error = err.Error()
-			out = append(out, o)
+			fmt.Printf("%s: %v\n", path, err)
+			failed = true
 			continue
 		}
-		// Labels a selector matches on, and those its enclosing aggregations group by.
-		var grouping []string
-		parser.Inspect(expr, func(node parser.Node, path []parser.Node) error {
-			switch n := node.(type) {
-			case *parser.AggregateExpr:
-				grouping = append(grouping, n.Grouping...)
-			case *parser.VectorSelector:
-				labels := map[string]bool{}
-				for _, m := range n.LabelMatchers {
-					if m.Name != "__name__" {
-						labels[m.Name] = true
-					}
-				}
-				for _, p := range path {
-					if a, ok := p.(*parser.AggregateExpr); ok {
-						for _, g := range a.Grouping {
-							labels[g] = true
-						}
-					}
-				}
-				names := []string{}
-				for l := range labels {
-					names = append(names, l)
-				}
-				sort.Strings(names)
-				o.Metrics = append(o.Metrics, metric{Name: n.Name, Labels: names})
+		scanner := bufio.NewScanner(f)
+		scanner.Buffer(make([]byte, 1<<20), 1<<20)
+		for n := 1; scanner.Scan(); n++ {
+			line := strings.TrimSpace(scanner.Text())
+			if line == "" {
+				continue
 			}
-			return nil
-		})
-		out = append(out, o)
+			if _, err := pql.ParseExpr(line); err != nil {
+				fmt.Printf("%s:%d: %v\n", path, n, err)
+				failed = true
+			}
+		}
+		f.Close()
 	}
-	if err := json.NewEncoder(os.Stdout).Encode(out); err != nil {
-		panic(err)
+	if failed {
+		os.Exit(1)
 	}
 }

@@ -668,6 +668,9 @@ mod group_tests;
 mod helmop_tests;
 
 #[cfg(test)]
+mod metrics_tests;
+
+#[cfg(test)]
 mod poll_tests;
 
 #[cfg(test)]

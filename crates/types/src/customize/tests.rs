@@ -196,3 +196,22 @@ fn a_targets_absolute_chart_url_drops_the_bundles_repository() {
     assert_eq!(merged.repo, None, "the URL is the chart: no index to read");
     assert!(merged.is_url());
 }
+
+#[test]
+fn ranges_make_lists_and_maps_of_values() {
+    let mut h = helm(json!({
+        "chart": "app", "repo": "https://c",
+        "values": {
+            "labels": "{${ range $k, $v := .ClusterLabels }${ $k }: ${ $v | quote }, ${ end }}",
+            "zones": "[${ range $i, $z := list \"a\" \"b\" }${ if $i }, ${ end }${ $.ClusterName }-${ $z }${ end }]"
+        },
+        "templateValues": {"ids": "[${ range .ClusterValues.replicas }${ . },${ end }]"}
+    }));
+    preprocess(&mut h, &labels(), &ctx()).unwrap();
+    assert_eq!(
+        Value::Object(h.values.unwrap().0),
+        json!({
+            "labels": {"env": "prod"}, "zones": ["east-a", "east-b"], "ids": [0, 1, 2]
+        })
+    );
+}

@@ -200,3 +200,175 @@ fn parsing_depth_is_bounded() {
     let parens = format!("${{ {}1{} }}", "(".repeat(100_000), ")".repeat(100_000));
     assert!(e(&parens).contains("nested too deeply"));
 }
+
+/// `range` and `with` with variables, `else`, `break` and `continue`, over lists, maps and
+/// integers. Each expected text is what Go's `text/template` printed for the same template
+/// with `{{ }}` delimiters (helm v3.22, go1.26, `helm template` of a chart whose template
+/// was `{{ define "t" }}…{{ end }}{{ include "t" .Values.ctx }}` with `ctx()` as values).
+#[test]
+fn range_and_with_print_what_go_prints() {
+    let cases: &[(&str, &str)] = &[
+        (
+            r#"${ range .ClusterLabels }[${ . }]${ end }"#,
+            "[prod][east]",
+        ),
+        (
+            r#"${ range $k, $v := .ClusterLabels }${ $k }=${ $v };${ end }"#,
+            "env=prod;management.cattle.io/cluster-display-name=east;",
+        ),
+        (
+            r#"${ range $i, $e := list "a" "b" }${ $i }:${ $e } ${ end }"#,
+            "0:a 1:b ",
+        ),
+        (r#"${ range $e := list "a" "b" }${ $e }${ end }"#, "ab"),
+        (
+            r#"${ with get .ClusterValues "x" }${ . }${ else }none${ end }"#,
+            "none",
+        ),
+        (
+            r#"${ with .ClusterValues.someValue }${ . }${ else }none${ end }"#,
+            "abc",
+        ),
+        (r#"${ range list 1 2 }${ $.ClusterName }${ end }"#, "c1c1"),
+        (r#"${ $x := .ClusterName }${ $x }-${ $x | upper }"#, "c1-C1"),
+        (
+            r#"${ $last := "" }${ range list "a" "b" "c" }${ $last = . }${ end }${ $last }"#,
+            "c",
+        ),
+        (r#"${ range list }x${ else }empty${ end }"#, "empty"),
+        (
+            r#"${ range $i, $e := list "a" "b" "c" "d" }${ if eq $i 1 }${ continue }${ end }${ if eq $e "d" }${ break }${ end }${ $e }${ end }"#,
+            "ac",
+        ),
+        (r#"${ range 3 }${ . }${ end }"#, "012"),
+        (r#"${ range $i := 3 }${ $i }${ end }"#, "012"),
+        (
+            r#"${ range $k, $v := .ClusterValues }${ $k }=${ $v } ${ end }"#,
+            "nested=map[k:v] replicas=3 someValue=abc ",
+        ),
+        (
+            r#"${ with $v := .ClusterValues.nested }${ $v.k }${ .k }${ end }"#,
+            "vv",
+        ),
+        (
+            r#"${ with get .ClusterValues "x" }x${ else with .ClusterValues.nested }${ .k }${ end }"#,
+            "v",
+        ),
+        (
+            r#"${ range $k, $v := .ClusterLabels }${ range list 1 2 }${ $k },${ end }${ end }"#,
+            "env,env,management.cattle.io/cluster-display-name,management.cattle.io/cluster-display-name,",
+        ),
+        (
+            r#"${ range $k, $v := dict "b" 1 "a" 2 }${ $k }${ $v }${ end }"#,
+            "a2b1",
+        ),
+        (
+            r#"${ $x := 1 }${ range list 2 }${ $x := . }${ $x }${ end }${ $x }"#,
+            "21",
+        ),
+        (
+            r#"${ range $i, $e := list "a" "b" }${ range list 1 2 3 }${ if eq . 2 }${ continue }${ end }${ $e }${ . }${ end }${ end }"#,
+            "a1a3b1b3",
+        ),
+        (
+            r#"${ range $i, $e := list "x" "y" }${ if $i }, ${ end }${ $e | quote }${ end }"#,
+            "\"x\", \"y\"",
+        ),
+        (
+            r#"${ range list "a" "b" }${ with $ }${ .ClusterName }${ end }${ . }${ end }"#,
+            "c1ac1b",
+        ),
+        (r#"${ range -2 }x${ else }none${ end }"#, "none"),
+        (
+            r#"${ range $k, $v := .ClusterAnnotations }${ $k }${ else }none${ end }-${ range .ClusterValues.nested }${ . }${ end }"#,
+            "team-v",
+        ),
+        (
+            "${- range $k, $v := .ClusterLabels }\n${ $k }: ${ $v }\n${- end }",
+            "\nenv: prod\nmanagement.cattle.io/cluster-display-name: east",
+        ),
+        (
+            r#"${ $n := 0 }${ range list "a" "b" "c" }${ $n = len (list $n .) }${ end }${ $n }"#,
+            "2",
+        ),
+        (
+            r#"${ if $y := .ClusterName }${ $y }${ else }${ $y }none${ end }"#,
+            "c1",
+        ),
+        (
+            r#"${ range $i, $e := list (dict "n" "a") (dict "n" "b") }${ $i }${ $e.n }${ end }"#,
+            "0a1b",
+        ),
+        (
+            r#"${ range $e := .ClusterValues.nested }${ $e }${ end }${ range list 1 }${ break }x${ end }y"#,
+            "vy",
+        ),
+    ];
+    for (t, want) in cases {
+        assert_eq!(render(t, &ctx()).as_deref(), Ok(*want), "{t}");
+    }
+}
+
+/// What Go refuses, `range` and variables, is refused (the messages name the construct).
+#[test]
+fn range_and_variables_refuse_what_go_refuses() {
+    for (t, want) in [
+        ("${ break }", "${ break } outside ${ range }"),
+        (
+            "${ range list 1 }${ else }${ continue }${ end }",
+            "${ continue } outside ${ range }",
+        ),
+        (
+            "${ range list 1 }${ break 1 }${ end }",
+            "break takes no arguments",
+        ),
+        (
+            r#"${ range $i, $e := list "a" }${ end }${ $i }"#,
+            r#"undefined variable "$i""#,
+        ),
+        ("${ $y }", r#"undefined variable "$y""#),
+        ("${ if $a, $b := 1 }${ end }", "too many declarations in if"),
+        (
+            "${ range $a, $b, $c := list 1 }${ end }",
+            "too many declarations in range",
+        ),
+        (
+            "${ range $a, $b := 3 }${ end }",
+            "can't use an integer to iterate over more than one variable",
+        ),
+        ("${ range .ClusterName }${ end }", "range over something"),
+        ("${ range 2.5 }${ end }", "range over something"),
+        ("${ $ := 1 }", "cannot declare or assign $"),
+    ] {
+        let m = e(t);
+        assert!(m.contains(want), "{t}: {m}");
+    }
+    // Assigning a variable never declared fails when it runs, as in Go.
+    assert_eq!(e("${ $y = 1 }"), r#"undefined variable "$y""#);
+    assert_eq!(r("${ if false }${ $y = 1 }${ end }ok"), "ok");
+}
+
+#[test]
+fn ranges_with_variables_are_bounded_like_the_others() {
+    let open = r#"${ range $i, $e := splitList "," (repeat 1000 "a,") }"#;
+    let bomb = format!("{}${{ $e }}{}", open.repeat(5), "${ end }".repeat(5));
+    let mut budget = Budget::new(MAX_STEPS, std::time::Duration::from_secs(60));
+    let m = render_within(&bomb, &ctx(), &mut budget).unwrap_err().0;
+    assert_eq!(
+        m,
+        format!("template exceeded its budget of {MAX_STEPS} steps")
+    );
+    // `range 1000000000` is counted per iteration too (and makes no list).
+    let m = e("${ range 1000000000 }${ end }");
+    assert!(m.starts_with("template exceeded its budget of "), "{m}");
+    // An ordinary keyed range over 1 000 entries stays far inside the budget.
+    let mut budget = Budget::default();
+    let t =
+        r#"${ range $k, $v := splitList "," (repeat 999 "a,") }${ $k }=${ $v | upper };${ end }"#;
+    let out = render_within(t, &ctx(), &mut budget).unwrap();
+    assert!(
+        out.starts_with("0=A;1=A;") && out.ends_with("999=;"),
+        "{out}"
+    );
+    assert!(budget.steps() < MAX_STEPS / 50, "{}", budget.steps());
+}
