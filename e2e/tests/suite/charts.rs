@@ -756,6 +756,8 @@ fn assert_exports_listed_metrics(scraped: &str, binary: &str) {
     const ONLY_AFTER_AN_EVENT: &[&str] = &[
         "reconcile_errors_total",
         "tender_object_writes_skipped_total",
+        // Counted only for BundleDeployments an agent reported not ready.
+        "tender_hub_bundle_deployments_not_ready",
     ];
     let doc = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring.md"),
