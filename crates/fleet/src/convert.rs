@@ -20,7 +20,12 @@ pub(crate) struct TargetsFile {
 pub(crate) fn read_targets_file(path: &Path) -> Result<TargetsFile, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let v: Value = serde_saphyr::from_str(&text).map_err(|e| e.to_string())?;
-    let list = |k: &str| v.get(k).and_then(Value::as_array).cloned().unwrap_or_default();
+    let list = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
     Ok(TargetsFile {
         targets: list("targets"),
         restrictions: list("targetRestrictions"),
@@ -84,8 +89,10 @@ fn values_with_files(dir: &Path, helm: &Value, path: &str) -> Result<Option<Valu
     {
         let name = f.as_str().unwrap_or_default();
         let p = format!("{path}.valuesFiles[{i}]");
-        let text = std::fs::read_to_string(dir.join(name)).map_err(|e| (p.clone(), format!("{name}: {e}")))?;
-        let parsed: Option<Value> = serde_saphyr::from_str(&text).map_err(|e| (p, format!("{name}: {e}")))?;
+        let text = std::fs::read_to_string(dir.join(name))
+            .map_err(|e| (p.clone(), format!("{name}: {e}")))?;
+        let parsed: Option<Value> =
+            serde_saphyr::from_str(&text).map_err(|e| (p, format!("{name}: {e}")))?;
         merge(&mut values, parsed.unwrap_or(json!({})));
     }
     Ok((!is_empty(&values)).then_some(values))
@@ -129,7 +136,12 @@ enum Content {
 
 fn content(dir: &Path, helm: Option<&Value>) -> Result<Content, Refused> {
     let Some(helm) = helm else {
-        return Ok(Content::Manifests);
+        // Fleet's style: a Chart.yaml at the root is a chart even without `helm`.
+        return Ok(if dir.join("Chart.yaml").is_file() {
+            Content::Local(String::new())
+        } else {
+            Content::Manifests
+        });
     };
     let chart = str_at(helm, &["chart"]);
     let repo = str_at(helm, &["repo"]);
@@ -151,7 +163,9 @@ fn content(dir: &Path, helm: Option<&Value>) -> Result<Content, Refused> {
     }
     Err((
         "helm.chart".into(),
-        format!("{chart:?} is neither a directory beside the fleet.yaml nor a chart URL, and helm.repo is empty"),
+        format!(
+            "{chart:?} is neither a directory beside the fleet.yaml nor a chart URL, and helm.repo is empty"
+        ),
     ))
 }
 
@@ -191,6 +205,7 @@ fn variant_resources(
     disable_deps: bool,
     refused: &mut Vec<Refused>,
 ) -> Vec<Value> {
+    let original = files;
     let files = match files::apply_overlays(files, &variant.overlays) {
         Ok(f) => f,
         Err(r) => {
@@ -205,12 +220,12 @@ fn variant_resources(
     } else {
         format!("{kdir}/kustomization.yaml")
     };
-    let kustomized = files.contains_key(&kfile)
-        || files.contains_key(&kfile.replace(".yaml", ".yml"))
-        || files.contains_key(&kfile.replace("kustomization.yaml", "Kustomization"));
+    let kustomized = original.contains_key(&kfile)
+        || original.contains_key(&kfile.replace(".yaml", ".yml"))
+        || original.contains_key(&kfile.replace("kustomization.yaml", "Kustomization"));
     if kustomized && !matches!(content, Content::Manifests) {
         refused.push((
-            "kustomize".into(),
+            format!("kustomize.dir ({kfile})"),
             "kustomize over a chart's rendered output: the chart is rendered per cluster by the agent, so tender apply cannot run kustomize over it".into(),
         ));
         return Vec::new();
@@ -223,7 +238,11 @@ fn variant_resources(
             entries
         }
         Content::Manifests if kustomized => {
-            match resources::kustomize(&opts.kustomize, &dir.join(kdir), &format!("kustomize.dir ({kfile})")) {
+            match resources::kustomize(
+                &opts.kustomize,
+                &dir.join(kdir),
+                &format!("kustomize.dir ({kfile})"),
+            ) {
                 Ok(objects) => objects,
                 Err(r) => {
                     refused.push(r);
@@ -273,10 +292,20 @@ fn target(dir: &Path, t: &Value, path: &str, refused: &mut Vec<Refused>) -> Valu
 /// The targets in Fleet's order: `targets`, then `targetCustomizations` (each named
 /// `target%03d` when unnamed), then `overrideTargets` or the targets file; `clusterGroup:
 /// default` when there are none.
-fn all_targets(fy: &Value, tf: Option<&crate::convert::TargetsFile>, refused: &mut Vec<Refused>) -> Vec<(String, Value)> {
+fn all_targets(
+    fy: &Value,
+    tf: Option<&crate::convert::TargetsFile>,
+    refused: &mut Vec<Refused>,
+) -> Vec<(String, Value)> {
     let mut targets: Vec<(String, Value)> = Vec::new();
     for key in ["targets", "targetCustomizations"] {
-        for (i, t) in fy.get(key).and_then(Value::as_array).into_iter().flatten().enumerate() {
+        for (i, t) in fy
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             targets.push((format!("{key}[{i}]"), t.clone()));
         }
     }
@@ -289,7 +318,11 @@ fn all_targets(fy: &Value, tf: Option<&crate::convert::TargetsFile>, refused: &m
         match fy.get("overrideTargets").and_then(Value::as_array) {
             Some(o) => (o.clone(), o.clone(), "overrideTargets"),
             None => match tf {
-                Some(tf) => (tf.targets.clone(), tf.restrictions.clone(), "--targets-file"),
+                Some(tf) => (
+                    tf.targets.clone(),
+                    tf.restrictions.clone(),
+                    "--targets-file",
+                ),
                 None => (Vec::new(), Vec::new(), ""),
             },
         };
@@ -299,9 +332,10 @@ fn all_targets(fy: &Value, tf: Option<&crate::convert::TargetsFile>, refused: &m
     // Fleet deploys to a cluster only when a restriction also selects it; tender has no
     // restrictions, so they must not narrow anything: one selects every cluster, or every
     // target is itself one of them.
-    let open = restrictions
-        .iter()
-        .any(|r| r.get("clusterSelector").is_some_and(|s| s.as_object().is_some_and(|o| o.values().all(is_empty))));
+    let open = restrictions.iter().any(|r| {
+        r.get("clusterSelector")
+            .is_some_and(|s| s.as_object().is_some_and(|o| o.values().all(is_empty)))
+    });
     if !restrictions.is_empty() && !open {
         let allowed: Vec<_> = restrictions.iter().map(selectors).collect();
         for (path, t) in &targets {
@@ -349,7 +383,11 @@ fn spec_fields(fy: &Value, spec: &mut Map<String, Value>, refused: &mut Vec<Refu
         .and_then(Value::as_bool)
         .unwrap_or(false);
     spec.insert("correctDrift".into(), json!({"enabled": enabled}));
-    if let Some(sa) = fy.get("serviceAccount").and_then(Value::as_str).filter(|s| !s.is_empty()) {
+    if let Some(sa) = fy
+        .get("serviceAccount")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+    {
         if sa.contains('/') {
             spec.insert("serviceAccount".into(), sa.into());
         } else {
@@ -357,13 +395,38 @@ fn spec_fields(fy: &Value, spec: &mut Map<String, Value>, refused: &mut Vec<Refu
         }
     }
     if fy.get("createNamespace") == Some(&Value::Bool(false)) {
-        refused.push(("createNamespace".into(), "tender always creates the target namespace".into()));
+        refused.push((
+            "createNamespace".into(),
+            "tender always creates the target namespace".into(),
+        ));
     }
     if str_at(fy, &["targetCustomizationMode"]) == "AllMatches" {
         refused.push(("targetCustomizationMode".into(), "tender's targets are first-match only: each cluster gets the first target that selects it".into()));
     }
+    for (i, cp) in fy
+        .pointer("/diff/comparePatches")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for (j, op) in cp
+            .get("operations")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if str_at(op, &["path"]).is_empty() {
+                refused.push((format!("diff.comparePatches[{i}].operations[{j}]"), format!("op {:?} without a path (Fleet's `ignore` ignores the whole object): tender's comparePatches name the fields another manager owns, by path or jsonPointers", str_at(op, &["op"]))));
+            }
+        }
+    }
     if fy.pointer("/helm/disableDNS") == Some(&Value::Bool(false)) {
-        refused.push(("helm.disableDNS".into(), "tender's templates never resolve DNS (as if true)".into()));
+        refused.push((
+            "helm.disableDNS".into(),
+            "tender's templates never resolve DNS (as if true)".into(),
+        ));
     }
 }
 
@@ -401,6 +464,9 @@ pub(crate) fn directory(
                 spec.insert("takeOwnership".into(), true.into());
             }
         }
+        (Content::Local(chart), None) => {
+            spec.insert("helm".into(), json!({"chart": chart}));
+        }
         (_, Some(h)) => match helm_options(dir, h, "helm", false) {
             Ok(mut h) => {
                 if let Content::Local(chart) = &content {
@@ -416,7 +482,13 @@ pub(crate) fn directory(
         .iter()
         .map(|(p, t)| (p.clone(), target(dir, t, p, &mut refused)))
         .collect();
-    let base = variant_of(&fy, &Variant { kustomize: None, overlays: Vec::new() });
+    let base = variant_of(
+        &fy,
+        &Variant {
+            kustomize: None,
+            overlays: Vec::new(),
+        },
+    );
     let variants: Vec<Variant> = targets.iter().map(|(_, t)| variant_of(t, &base)).collect();
     let mut distinct = vec![base.clone()];
     for v in &variants {
@@ -431,7 +503,15 @@ pub(crate) fn directory(
         if !used || (n == 0 && !variants.contains(variant) && distinct.len() > 1) {
             continue;
         }
-        let resources = variant_resources(dir, &files, &content, variant, opts, disable_deps, &mut refused);
+        let resources = variant_resources(
+            dir,
+            &files,
+            &content,
+            variant,
+            opts,
+            disable_deps,
+            &mut refused,
+        );
         if resources.is_empty() && matches!(content, Content::Manifests) {
             continue;
         }
@@ -459,27 +539,48 @@ pub(crate) fn directory(
             })
             .collect();
         let mut spec = spec.clone();
-        if n > 0 && let Some(h) = spec.get_mut("helm") && h.get("releaseName").is_none() {
+        if n > 0
+            && let Some(h) = spec.get_mut("helm")
+            && h.get("releaseName").is_none()
+        {
             h["releaseName"] = name.clone().into();
         }
         spec.insert("targets".into(), targets.into());
         spec.insert("resources".into(), resources.into());
+        if !refused.is_empty() {
+            continue;
+        }
         match bundle(&bundle_name, &fy, opts, spec) {
             Ok(b) => bundles.push(b),
             Err(r) => refused.push(r),
         }
     }
-    if refused.is_empty() { Ok(bundles) } else { Err(refused) }
+    if refused.is_empty() {
+        Ok(bundles)
+    } else {
+        Err(refused)
+    }
 }
 
 fn values_files(fy: &Value) -> Vec<String> {
     let mut helms = vec![fy.get("helm")];
     for key in ["targets", "targetCustomizations"] {
-        helms.extend(fy.get(key).and_then(Value::as_array).into_iter().flatten().map(|t| t.get("helm")));
+        helms.extend(
+            fy.get(key)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|t| t.get("helm")),
+        );
     }
     let mut out = Vec::new();
     for h in helms.into_iter().flatten() {
-        for f in h.get("valuesFiles").and_then(Value::as_array).into_iter().flatten() {
+        for f in h
+            .get("valuesFiles")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if let Some(f) = f.as_str() {
                 out.push(f.trim_start_matches("./").to_string());
             }
@@ -492,8 +593,10 @@ fn read_fleet_yaml(dir: &Path) -> Result<(String, Value), Refused> {
     for file in ["fleet.yaml", "fleet.yml"] {
         let path = dir.join(file);
         if path.is_file() {
-            let text = std::fs::read_to_string(&path).map_err(|e| (file.to_string(), e.to_string()))?;
-            let v: Option<Value> = serde_saphyr::from_str(&text).map_err(|e| (file.to_string(), format!("not YAML: {e}")))?;
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| (file.to_string(), e.to_string()))?;
+            let v: Option<Value> = serde_saphyr::from_str(&text)
+                .map_err(|e| (file.to_string(), format!("not YAML: {e}")))?;
             let v = v.unwrap_or(json!({}));
             if !v.is_object() {
                 return Err((file.into(), "must be a map".into()));
@@ -505,8 +608,17 @@ fn read_fleet_yaml(dir: &Path) -> Result<(String, Value), Refused> {
 }
 
 /// The Bundle object, checked against tender's types and compressed past Fleet's size.
-fn bundle(name: &str, fy: &Value, opts: &Options, spec: Map<String, Value>) -> Result<Bundle, Refused> {
-    let mut labels: Map<String, Value> = opts.labels.iter().map(|(k, v)| (k.clone(), v.clone().into())).collect();
+fn bundle(
+    name: &str,
+    fy: &Value,
+    opts: &Options,
+    spec: Map<String, Value>,
+) -> Result<Bundle, Refused> {
+    let mut labels: Map<String, Value> = opts
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone().into()))
+        .collect();
     if let Some(Value::Object(l)) = fy.get("labels") {
         labels.extend(l.clone());
     }
@@ -517,7 +629,9 @@ fn bundle(name: &str, fy: &Value, opts: &Options, spec: Map<String, Value>) -> R
         "spec": spec,
     });
     if labels.is_empty() {
-        value["metadata"].as_object_mut().map(|m| m.remove("labels"));
+        value["metadata"]
+            .as_object_mut()
+            .map(|m| m.remove("labels"));
     }
     let size = |v: &Value| serde_json::to_vec(v).map(|b| b.len()).unwrap_or(usize::MAX);
     if size(&value) >= MAX_BUNDLE_BYTES {
@@ -528,9 +642,16 @@ fn bundle(name: &str, fy: &Value, opts: &Options, spec: Map<String, Value>) -> R
         if s >= MAX_BUNDLE_BYTES {
             return Err((
                 "(whole directory)".into(),
-                format!("the Bundle is {s} bytes of JSON even compressed, over the {MAX_BUNDLE_BYTES} an apiserver object may hold: push the chart to a registry and reference it (helm.repo or oci://), or split the directory"),
+                format!(
+                    "the Bundle is {s} bytes of JSON even compressed, over the {MAX_BUNDLE_BYTES} an apiserver object may hold: push the chart to a registry and reference it (helm.repo or oci://), or split the directory"
+                ),
             ));
         }
     }
-    serde_json::from_value(value).map_err(|e| ("(whole directory)".into(), format!("not a tender Bundle: {e}")))
+    serde_json::from_value(value).map_err(|e| {
+        (
+            "(whole directory)".into(),
+            format!("not a tender Bundle: {e}"),
+        )
+    })
 }

@@ -66,10 +66,13 @@ fn ignore_patterns(dir: &Path, file: &str) -> Vec<String> {
 /// Whether `.fleetignore` patterns of any enclosing directory ignore `name` (Fleet matches a
 /// pattern against the base name only; `dir/*` ignores directories named `dir`).
 fn ignored(patterns: &[Vec<String>], name: &str, is_dir: bool) -> bool {
-    patterns.iter().flatten().any(|p| match p.strip_suffix("/*") {
-        Some(dir) if !dir.is_empty() => is_dir && dir == name,
-        _ => glob(p, name),
-    })
+    patterns
+        .iter()
+        .flatten()
+        .any(|p| match p.strip_suffix("/*") {
+            Some(dir) if !dir.is_empty() => is_dir && dir == name,
+            _ => glob(p, name),
+        })
 }
 
 /// Reads `root` as Fleet does, skipping the relative paths in `skip` (fleet.yaml, values
@@ -91,7 +94,8 @@ pub(crate) fn read_dir(root: &Path, skip: &[String]) -> Result<Files, (String, S
             } else {
                 format!("{rel}/{name}")
             };
-            let meta = std::fs::metadata(entry.path()).map_err(|e| (path.clone(), e.to_string()))?;
+            let meta =
+                std::fs::metadata(entry.path()).map_err(|e| (path.clone(), e.to_string()))?;
             if name.starts_with('.') || ignored(&patterns, &name, meta.is_dir()) {
                 continue;
             }
@@ -107,9 +111,13 @@ pub(crate) fn read_dir(root: &Path, skip: &[String]) -> Result<Files, (String, S
             if entry.file_type().is_ok_and(|t| t.is_symlink()) {
                 let target = std::fs::canonicalize(entry.path())
                     .map_err(|e| (path.clone(), e.to_string()))?;
-                let base = std::fs::canonicalize(root).map_err(|e| (path.clone(), e.to_string()))?;
+                let base =
+                    std::fs::canonicalize(root).map_err(|e| (path.clone(), e.to_string()))?;
                 if !target.starts_with(&base) {
-                    return Err((path, "a symlink whose target is outside the directory".into()));
+                    return Err((
+                        path,
+                        "a symlink whose target is outside the directory".into(),
+                    ));
                 }
             }
             let content = std::fs::read(entry.path()).map_err(|e| (path.clone(), e.to_string()))?;
@@ -120,14 +128,21 @@ pub(crate) fn read_dir(root: &Path, skip: &[String]) -> Result<Files, (String, S
 }
 
 fn display(rel: &str) -> String {
-    if rel.is_empty() { ".".into() } else { rel.into() }
+    if rel.is_empty() {
+        ".".into()
+    } else {
+        rel.into()
+    }
 }
 
 /// Fleet's overlay rule (`internal/helmdeployer/render/patch`): for each overlay in order, a
 /// file `overlays/<overlay>/<path>` replaces `<path>`, and `<dir>/<name>_patch.<ext>` patches
 /// `<dir>/<name>.<ext>` (a JSON patch when it is a list, else a merge patch); then every file
 /// under `overlays/` is dropped.
-pub(crate) fn apply_overlays(files: &Files, overlays: &[String]) -> Result<Files, (String, String)> {
+pub(crate) fn apply_overlays(
+    files: &Files,
+    overlays: &[String],
+) -> Result<Files, (String, String)> {
     let mut out = files.clone();
     for overlay in overlays {
         let prefix = format!("overlays/{overlay}/");
@@ -142,7 +157,10 @@ pub(crate) fn apply_overlays(files: &Files, overlays: &[String]) -> Result<Files
             };
             let source = format!("{prefix}{name}");
             let base = out.get(&target).ok_or_else(|| {
-                (source.clone(), format!("patches {target}, which does not exist"))
+                (
+                    source.clone(),
+                    format!("patches {target}, which does not exist"),
+                )
             })?;
             let patched = patch(base, &bytes).map_err(|e| (source, e))?;
             out.insert(target, patched);

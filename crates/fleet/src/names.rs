@@ -105,10 +105,19 @@ mod tests {
             "12345678901234567890123456789012345678901234567-fdba4"
         );
         for (arg, result) in [
-            ("long-name-test-shortpath-with@char", "long-name-test-shortpath-with-char-031bab5e"),
+            (
+                "long-name-test-shortpath-with@char",
+                "long-name-test-shortpath-with-char-031bab5e",
+            ),
             ("long-name-test-0.App_ ", "long-name-test-0-app-5bf6b3fb"),
-            ("long-name-test--App_-_12.factor", "long-name-test-app-12-factor-0efbac37"),
-            ("bundle.name.example.com", "bundle-name-example-com-645ef821"),
+            (
+                "long-name-test--App_-_12.factor",
+                "long-name-test-app-12-factor-0efbac37",
+            ),
+            (
+                "bundle.name.example.com",
+                "bundle-name-example-com-645ef821",
+            ),
         ] {
             assert_eq!(helm_release_name(arg), result, "{arg}");
         }

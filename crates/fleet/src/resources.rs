@@ -41,7 +41,11 @@ pub(crate) fn documents(name: &str, text: &str, out: &mut Vec<Value>, refused: &
         if doc.is_null() || doc.as_object().is_some_and(|o| o.is_empty()) {
             continue;
         }
-        let has = |k: &str| doc.get(k).and_then(Value::as_str).is_some_and(|s| !s.is_empty());
+        let has = |k: &str| {
+            doc.get(k)
+                .and_then(Value::as_str)
+                .is_some_and(|s| !s.is_empty())
+        };
         if !has("apiVersion") || !has("kind") {
             refused.push((
                 format!("{name} (document {})", i + 1),
@@ -120,7 +124,10 @@ pub(crate) fn chart_files(
     let mut refused = Vec::new();
     let chart_yaml = format!("{prefix}Chart.yaml");
     let Some(meta) = files.get(&chart_yaml) else {
-        refused.push((chart_yaml, "missing: a local chart needs its Chart.yaml".into()));
+        refused.push((
+            chart_yaml,
+            "missing: a local chart needs its Chart.yaml".into(),
+        ));
         return (Vec::new(), refused);
     };
     let patterns: Vec<String> = std::fs::read_to_string(root.join(&prefix).join(".helmignore"))
@@ -200,7 +207,9 @@ pub(crate) fn compress(resources: &mut [Value]) {
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         let _ = gz.write_all(&raw);
         let packed = gz.finish().unwrap_or_default();
-        r["content"] = base64::engine::general_purpose::STANDARD.encode(packed).into();
+        r["content"] = base64::engine::general_purpose::STANDARD
+            .encode(packed)
+            .into();
         r["encoding"] = "base64+gz".into();
     }
 }
@@ -227,7 +236,12 @@ pub(crate) fn kustomize(binary: &Path, dir: &Path, path: &str) -> Result<Vec<Val
     }
     let mut objects = Vec::new();
     let mut refused = Vec::new();
-    documents(path, &String::from_utf8_lossy(&out.stdout), &mut objects, &mut refused);
+    documents(
+        path,
+        &String::from_utf8_lossy(&out.stdout),
+        &mut objects,
+        &mut refused,
+    );
     match refused.into_iter().next() {
         Some(r) => Err(r),
         None => Ok(objects),

@@ -180,7 +180,10 @@ pub(crate) const TARGET: &[Field] = deployment_options!(
     ok("namespaceLabels", Shape::Any),
     ok("namespaceAnnotations", Shape::Any),
     ok("keepResources", Shape::Any),
-    ok("downstreamResources", Shape::List(&Shape::Map(DOWNSTREAM_RESOURCE))),
+    ok(
+        "downstreamResources",
+        Shape::List(&Shape::Map(DOWNSTREAM_RESOURCE))
+    ),
     when_set(
         "correctDrift",
         "tender's targets carry no correctDrift: set it for the whole fleet.yaml",
@@ -243,7 +246,10 @@ pub(crate) const FLEET_YAML: &[Field] = deployment_options!(
     ok("diff", Shape::Map(DIFF)),
     ok("namespaceLabels", Shape::Any),
     ok("namespaceAnnotations", Shape::Any),
-    ok("downstreamResources", Shape::List(&Shape::Map(DOWNSTREAM_RESOURCE))),
+    ok(
+        "downstreamResources",
+        Shape::List(&Shape::Map(DOWNSTREAM_RESOURCE))
+    ),
     always(
         "imageScans",
         "tender has no image scanning: Fleet's ImageScans write image tags back to the Git repository",
