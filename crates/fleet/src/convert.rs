@@ -99,7 +99,7 @@ fn values_with_files(dir: &Path, helm: &Value, path: &str) -> Result<Option<Valu
 }
 
 /// Fleet's helm options → tender's, the release-only defaults dropped.
-fn helm_options(dir: &Path, helm: &Value, path: &str, is_target: bool) -> Result<Value, Refused> {
+fn helm_options(dir: &Path, helm: &Value, path: &str) -> Result<Value, Refused> {
     let mut out = Map::new();
     for key in [
         "chart",
@@ -118,8 +118,6 @@ fn helm_options(dir: &Path, helm: &Value, path: &str, is_target: bool) -> Result
     }
     if let Some(values) = values_with_files(dir, helm, path)? {
         out.insert("values".into(), values);
-    } else if helm.get("values").is_some_and(Value::is_object) && !is_target {
-        // `values: {}` as written.
     }
     Ok(Value::Object(out))
 }
@@ -170,14 +168,28 @@ fn content(dir: &Path, helm: Option<&Value>) -> Result<Content, Refused> {
 }
 
 /// A variant: the manifests one set of targets gets (kustomize dir and yaml overlays).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 struct Variant {
     kustomize: Option<String>,
     overlays: Vec<String>,
+    /// Where its kustomize dir is written (for refusals): `kustomize.dir` or
+    /// `targetCustomizations[i].kustomize.dir`.
+    source: String,
 }
 
-fn variant_of(options: &Value, base: &Variant) -> Variant {
+impl PartialEq for Variant {
+    fn eq(&self, other: &Self) -> bool {
+        self.kustomize == other.kustomize && self.overlays == other.overlays
+    }
+}
+
+fn variant_of(options: &Value, base: &Variant, path: &str) -> Variant {
     Variant {
+        source: if options.get("kustomize").is_some() {
+            format!("{path}kustomize.dir")
+        } else {
+            base.source.clone()
+        },
         kustomize: options
             .get("kustomize")
             .map(|k| str_at(k, &["dir"]).to_string())
@@ -225,7 +237,7 @@ fn variant_resources(
         || original.contains_key(&kfile.replace("kustomization.yaml", "Kustomization"));
     if kustomized && !matches!(content, Content::Manifests) {
         refused.push((
-            format!("kustomize.dir ({kfile})"),
+            variant.source.clone(),
             "kustomize over a chart's rendered output: the chart is rendered per cluster by the agent, so tender apply cannot run kustomize over it".into(),
         ));
         return Vec::new();
@@ -238,11 +250,7 @@ fn variant_resources(
             entries
         }
         Content::Manifests if kustomized => {
-            match resources::kustomize(
-                &opts.kustomize,
-                &dir.join(kdir),
-                &format!("kustomize.dir ({kfile})"),
-            ) {
+            match resources::kustomize(&opts.kustomize, &dir.join(kdir), &variant.source) {
                 Ok(objects) => objects,
                 Err(r) => {
                     refused.push(r);
@@ -278,7 +286,7 @@ fn target(dir: &Path, t: &Value, path: &str, refused: &mut Vec<Refused>) -> Valu
         out.insert("targetNamespace".into(), ns.clone());
     }
     if let Some(helm) = t.get("helm").filter(|h| h.is_object()) {
-        match helm_options(dir, helm, &format!("{path}.helm"), true) {
+        match helm_options(dir, helm, &format!("{path}.helm")) {
             Ok(h) if !is_empty(&h) => {
                 out.insert("helm".into(), h);
             }
@@ -430,6 +438,35 @@ fn spec_fields(fy: &Value, spec: &mut Map<String, Value>, refused: &mut Vec<Refu
     }
 }
 
+/// `spec.helm` (or, for plain manifests, Fleet's `helm.takeOwnership` as the Bundle's).
+fn spec_helm(
+    dir: &Path,
+    content: &Content,
+    helm: Option<&Value>,
+    spec: &mut Map<String, Value>,
+    refused: &mut Vec<Refused>,
+) {
+    match (content, helm) {
+        (Content::Manifests, Some(h)) if h.get("takeOwnership") == Some(&Value::Bool(true)) => {
+            spec.insert("takeOwnership".into(), true.into());
+        }
+        (Content::Manifests, _) => {}
+        (Content::Local(chart), None) => {
+            spec.insert("helm".into(), json!({"chart": chart}));
+        }
+        (_, Some(h)) => match helm_options(dir, h, "helm") {
+            Ok(mut h) => {
+                if let Content::Local(chart) = content {
+                    h["chart"] = chart.clone().into();
+                }
+                spec.insert("helm".into(), h);
+            }
+            Err(r) => refused.push(r),
+        },
+        (Content::Remote, None) => {}
+    }
+}
+
 /// Converts the directory: its Bundles, or every refusal.
 pub(crate) fn directory(
     dir: &Path,
@@ -458,26 +495,7 @@ pub(crate) fn directory(
     let targets = all_targets(&fy, tf, &mut refused);
     let mut spec = Map::new();
     spec_fields(&fy, &mut spec, &mut refused);
-    match (&content, helm) {
-        (Content::Manifests, Some(h)) => {
-            if h.get("takeOwnership") == Some(&Value::Bool(true)) {
-                spec.insert("takeOwnership".into(), true.into());
-            }
-        }
-        (Content::Local(chart), None) => {
-            spec.insert("helm".into(), json!({"chart": chart}));
-        }
-        (_, Some(h)) => match helm_options(dir, h, "helm", false) {
-            Ok(mut h) => {
-                if let Content::Local(chart) = &content {
-                    h["chart"] = chart.clone().into();
-                }
-                spec.insert("helm".into(), h);
-            }
-            Err(r) => refused.push(r),
-        },
-        _ => {}
-    }
+    spec_helm(dir, &content, helm, &mut spec, &mut refused);
     let converted: Vec<(String, Value)> = targets
         .iter()
         .map(|(p, t)| (p.clone(), target(dir, t, p, &mut refused)))
@@ -487,9 +505,14 @@ pub(crate) fn directory(
         &Variant {
             kustomize: None,
             overlays: Vec::new(),
+            source: "kustomization.yaml".into(),
         },
+        "",
     );
-    let variants: Vec<Variant> = targets.iter().map(|(_, t)| variant_of(t, &base)).collect();
+    let variants: Vec<Variant> = targets
+        .iter()
+        .map(|(p, t)| variant_of(t, &base, &format!("{p}.")))
+        .collect();
     let mut distinct = vec![base.clone()];
     for v in &variants {
         if !distinct.contains(v) {
