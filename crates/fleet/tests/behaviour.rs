@@ -172,7 +172,7 @@ fn the_kustomize_binary_missing_is_a_refusal_naming_the_flag() {
         kustomize: "/nonexistent/kustomize".into(),
         ..Options::default()
     };
-    match convert(&[d.0.clone()], &opts) {
+    match convert(std::slice::from_ref(&d.0), &opts) {
         Err(Error::Refused(r)) => {
             assert_eq!(r[0].path, "kustomization.yaml");
             assert!(r[0].reason.contains("--kustomize PATH"), "{}", r[0].reason);
