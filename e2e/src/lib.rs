@@ -12,7 +12,9 @@ pub mod pki;
 mod process;
 mod wait;
 
-pub use build::{KUBERNETES_VERSION, ensure_controlplane, ensure_helm, ensure_oci_registry};
+pub use build::{
+    KUBERNETES_VERSION, ensure_controlplane, ensure_helm, ensure_kustomize, ensure_oci_registry,
+};
 pub use env::{
     ADMIN_USER, ClusterInfo, EnvOptions, EnvRecord, HUB, RESTRICTED_USERS, TestEnv,
     client_from_yaml, down, downstream_name, free_port, kubeconfig_yaml,

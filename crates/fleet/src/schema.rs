@@ -160,7 +160,7 @@ macro_rules! deployment_options {
             ),
             when_set(
                 "deleteCRDResources",
-                "tender never deletes a chart's CRDs (decision 0111): deleting a CRD deletes every object of it",
+                "tender decides CRD deletion itself: a chart's crds/ are never deleted (decision 0111), other CRDs like any object unless keepResources",
             ),
             when_set("overwrites", SET_BY_FLEET),
             when_set("allowedTargetNamespaceSelector", SET_BY_FLEET),
