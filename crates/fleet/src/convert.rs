@@ -267,7 +267,24 @@ fn variant_resources(
 }
 
 /// A target in tender's form (selectors, namespaces, per-target helm and namespace metadata).
-fn target(dir: &Path, t: &Value, path: &str, refused: &mut Vec<Refused>) -> Value {
+fn target(
+    dir: &Path,
+    t: &Value,
+    path: &str,
+    spec_chart: &str,
+    refused: &mut Vec<Refused>,
+) -> Value {
+    let chart = str_at(t, &["helm", "chart"]);
+    let remote = !str_at(t, &["helm", "repo"]).is_empty()
+        || ["oci://", "http://", "https://"]
+            .iter()
+            .any(|p| chart.starts_with(p));
+    if !chart.is_empty() && !remote && chart != spec_chart {
+        refused.push((
+            format!("{path}.helm.chart"),
+            "a local chart of its own for this target: a Bundle carries one chart's files; make it a fleet.yaml directory of its own".into(),
+        ));
+    }
     let mut out = selectors(t);
     for key in [
         "name",
@@ -430,11 +447,57 @@ fn spec_fields(fy: &Value, spec: &mut Map<String, Value>, refused: &mut Vec<Refu
             }
         }
     }
+    depends_on(fy, refused);
     if fy.pointer("/helm/disableDNS") == Some(&Value::Bool(false)) {
         refused.push((
             "helm.disableDNS".into(),
             "tender's templates never resolve DNS (as if true)".into(),
         ));
+    }
+}
+
+/// Fleet's `validateFleetYAML`: each `dependsOn` names a Bundle or selects some, with states
+/// Fleet knows.
+fn depends_on(fy: &Value, refused: &mut Vec<Refused>) {
+    const STATES: [&str; 7] = [
+        "Ready",
+        "NotReady",
+        "WaitApplied",
+        "ErrApplied",
+        "OutOfSync",
+        "Pending",
+        "Modified",
+    ];
+    for (i, dep) in fy
+        .get("dependsOn")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if str_at(dep, &["name"]).is_empty() && dep.get("selector").is_none_or(Value::is_null) {
+            refused.push((
+                format!("dependsOn[{i}]"),
+                "must specify either 'name' or 'selector'".into(),
+            ));
+        }
+        for (j, state) in dep
+            .get("acceptedStates")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if !state.as_str().is_some_and(|s| STATES.contains(&s)) {
+                refused.push((
+                    format!("dependsOn[{i}].acceptedStates[{j}]"),
+                    format!(
+                        "invalid state {state}, valid values are: {}",
+                        STATES.join(", ")
+                    ),
+                ));
+            }
+        }
     }
 }
 
@@ -498,7 +561,10 @@ pub(crate) fn directory(
     spec_helm(dir, &content, helm, &mut spec, &mut refused);
     let converted: Vec<(String, Value)> = targets
         .iter()
-        .map(|(p, t)| (p.clone(), target(dir, t, p, &mut refused)))
+        .map(|(p, t)| {
+            let spec_chart = str_at(&fy, &["helm", "chart"]);
+            (p.clone(), target(dir, t, p, spec_chart, &mut refused))
+        })
         .collect();
     let base = variant_of(
         &fy,

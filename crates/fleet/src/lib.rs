@@ -131,6 +131,26 @@ fn has_fleet_yaml(dir: &Path) -> bool {
     dir.join("fleet.yaml").is_file() || dir.join("fleet.yml").is_file()
 }
 
+/// Two directories making a Bundle of the same name would overwrite each other.
+fn duplicates(converted: &[Converted], refusals: &mut Vec<Refusal>) {
+    let mut seen: BTreeMap<String, &Path> = BTreeMap::new();
+    for c in converted {
+        for b in &c.bundles {
+            let name = b.metadata.name.clone().unwrap_or_default();
+            if let Some(first) = seen.insert(name.clone(), &c.dir) {
+                refusals.push(Refusal {
+                    dir: c.dir.clone(),
+                    path: "name".into(),
+                    reason: format!(
+                        "Bundle {name} is also made from {}: set `name` in one fleet.yaml, or --name",
+                        first.display()
+                    ),
+                });
+            }
+        }
+    }
+}
+
 /// Converts every fleet.yaml directory under each of `roots` (see [`bundle_dirs`]): all the
 /// Bundles, or every refusal of every directory.
 pub fn convert(roots: &[PathBuf], opts: &Options) -> Result<Vec<Converted>, Error> {
@@ -176,6 +196,7 @@ pub fn convert(roots: &[PathBuf], opts: &Options) -> Result<Vec<Converted>, Erro
             }
         }
     }
+    duplicates(&out, &mut refusals);
     if refusals.is_empty() {
         Ok(out)
     } else {

@@ -180,3 +180,26 @@ fn the_kustomize_binary_missing_is_a_refusal_naming_the_flag() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn fleet_s_own_validations_and_tender_s_limits_are_refused_by_path() {
+    let d = Dir::new("validate");
+    d.write(
+        "a/fleet.yaml",
+        "name: same\ndependsOn:\n- acceptedStates: [Ready]\n- name: x\n  acceptedStates: [Bogus]\ntargetCustomizations:\n- name: t\n  clusterName: c\n  helm: {chart: other}\n",
+    )
+    .write("a/cm.yaml", CM)
+    .write("a/other/Chart.yaml", "apiVersion: v2\nname: o\nversion: 0.1.0\n");
+    assert_eq!(
+        refused(&d.0.join("a"), &Options::default()),
+        [
+            "dependsOn[0]",
+            "dependsOn[1].acceptedStates[0]",
+            "targetCustomizations[0].helm.chart"
+        ]
+    );
+    d.write("a/fleet.yaml", "name: same\n")
+        .write("b/fleet.yaml", "name: same\n")
+        .write("b/cm.yaml", CM);
+    assert_eq!(refused(&d.0, &Options::default()), ["name"]);
+}
