@@ -130,15 +130,31 @@ enum Content {
     Local(String),
     /// Plain manifests or kustomize.
     Manifests,
+    /// Plain manifests beside a `templates/` directory, which Fleet renders as a chart it
+    /// generates (`render.HelmChart`): the templates as a chart's files, the rest inline.
+    Templates,
 }
 
-fn content(dir: &Path, helm: Option<&Value>) -> Result<Content, Refused> {
+/// Plain manifests, or [`Content::Templates`] when `templates/` holds YAML.
+fn plain(files: &Files) -> Content {
+    let templated = files.keys().any(|k| {
+        k.strip_prefix("templates/")
+            .is_some_and(|t| [".yaml", ".yml", ".json"].iter().any(|e| t.ends_with(e)))
+    });
+    if templated {
+        Content::Templates
+    } else {
+        Content::Manifests
+    }
+}
+
+fn content(dir: &Path, helm: Option<&Value>, files: &Files) -> Result<Content, Refused> {
     let Some(helm) = helm else {
         // Fleet's style: a Chart.yaml at the root is a chart even without `helm`.
         return Ok(if dir.join("Chart.yaml").is_file() {
             Content::Local(String::new())
         } else {
-            Content::Manifests
+            plain(files)
         });
     };
     let chart = str_at(helm, &["chart"]);
@@ -153,7 +169,7 @@ fn content(dir: &Path, helm: Option<&Value>) -> Result<Content, Refused> {
         return Ok(if dir.join("Chart.yaml").is_file() {
             Content::Local(String::new())
         } else {
-            Content::Manifests
+            plain(files)
         });
     }
     if dir.join(chart).is_dir() {
@@ -207,16 +223,24 @@ fn variant_of(options: &Value, base: &Variant, path: &str) -> Variant {
     }
 }
 
+/// What every variant of a directory is made from.
+struct Source<'a> {
+    dir: &'a Path,
+    files: &'a Files,
+    content: &'a Content,
+    opts: &'a Options,
+    disable_deps: bool,
+    /// The name of the chart Fleet generates for `templates/` (the Bundle's).
+    chart_name: &'a str,
+}
+
 /// The resources of one variant.
 fn variant_resources(
-    dir: &Path,
-    files: &Files,
-    content: &Content,
+    src: &Source<'_>,
     variant: &Variant,
-    opts: &Options,
-    disable_deps: bool,
     refused: &mut Vec<Refused>,
 ) -> Vec<Value> {
+    let (dir, files, content, opts) = (src.dir, src.files, src.content, src.opts);
     let original = files;
     let files = match files::apply_overlays(files, &variant.overlays) {
         Ok(f) => f,
@@ -245,7 +269,7 @@ fn variant_resources(
     match content {
         Content::Remote => Vec::new(),
         Content::Local(chart) => {
-            let (entries, r) = resources::chart_files(&files, dir, chart, disable_deps);
+            let (entries, r) = resources::chart_files(&files, dir, chart, src.disable_deps);
             refused.extend(r);
             entries
         }
@@ -262,6 +286,12 @@ fn variant_resources(
             let (m, r) = resources::manifests(&files);
             refused.extend(r);
             m
+        }
+        Content::Templates => {
+            let (mut out, r) = resources::manifests(&files);
+            refused.extend(r);
+            out.extend(resources::generated_chart(&files, src.chart_name));
+            out
         }
     }
 }
@@ -517,6 +547,9 @@ fn spec_helm(
         (Content::Local(chart), None) => {
             spec.insert("helm".into(), json!({"chart": chart}));
         }
+        (Content::Templates, None) => {
+            spec.insert("helm".into(), json!({"chart": ""}));
+        }
         (_, Some(h)) => match helm_options(dir, h, "helm") {
             Ok(mut h) => {
                 if let Content::Local(chart) = content {
@@ -545,15 +578,15 @@ pub(crate) fn directory(
         n => n.to_string(),
     };
     let helm = fy.get("helm").filter(|h| h.is_object());
-    let content = content(dir, helm).unwrap_or_else(|r| {
-        refused.push(r);
-        Content::Remote
-    });
     let mut skip = vec![file];
     skip.extend(values_files(&fy));
     let files = files::read_dir(dir, &skip).unwrap_or_else(|r| {
         refused.push(r);
         Files::new()
+    });
+    let content = content(dir, helm, &files).unwrap_or_else(|r| {
+        refused.push(r);
+        Content::Remote
     });
     let targets = all_targets(&fy, tf, &mut refused);
     let mut spec = Map::new();
@@ -592,15 +625,15 @@ pub(crate) fn directory(
         if !used || (n == 0 && !variants.contains(variant) && distinct.len() > 1) {
             continue;
         }
-        let resources = variant_resources(
+        let src = Source {
             dir,
-            &files,
-            &content,
-            variant,
+            files: &files,
+            content: &content,
             opts,
             disable_deps,
-            &mut refused,
-        );
+            chart_name: &name,
+        };
+        let resources = variant_resources(&src, variant, &mut refused);
         if resources.is_empty() && matches!(content, Content::Manifests) {
             continue;
         }

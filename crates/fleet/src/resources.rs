@@ -19,20 +19,27 @@ fn is_manifest_file(name: &str) -> bool {
         && base != "fleet.yml"
 }
 
-/// The directories of `files` holding a `Chart.yaml` (their files are a chart's, not manifests).
-fn chart_dirs(files: &Files) -> Vec<String> {
+/// The subdirectories of `files` holding a `Chart.yaml`, a fleet.yaml or a fleet.yml: Fleet
+/// leaves their files out of the plain manifests (`render.manifests`).
+fn excluded_dirs(files: &Files) -> Vec<String> {
     files
         .keys()
         .filter_map(|k| match k.rsplit_once('/') {
-            Some((d, "Chart.yaml")) => Some(format!("{d}/")),
-            None if k == "Chart.yaml" => Some(String::new()),
+            Some((d, "Chart.yaml" | "fleet.yaml" | "fleet.yml")) => Some(format!("{d}/")),
             _ => None,
         })
         .collect()
 }
 
-/// The YAML documents of `text` that are objects (empty documents skipped).
-pub(crate) fn documents(name: &str, text: &str, out: &mut Vec<Value>, refused: &mut Vec<Refused>) {
+/// The YAML documents of `text` that are objects: empty documents skipped, and (`strict`
+/// false, Fleet's raw YAML) documents without apiVersion and kind too.
+pub(crate) fn documents(
+    name: &str,
+    text: &str,
+    strict: bool,
+    out: &mut Vec<Value>,
+    refused: &mut Vec<Refused>,
+) {
     let docs = match serde_saphyr::from_multiple::<Option<Value>>(text) {
         Ok(docs) => docs,
         Err(e) => return refused.push((name.into(), format!("not YAML: {e}"))),
@@ -47,6 +54,9 @@ pub(crate) fn documents(name: &str, text: &str, out: &mut Vec<Value>, refused: &
                 .is_some_and(|s| !s.is_empty())
         };
         if !has("apiVersion") || !has("kind") {
+            if !strict {
+                continue;
+            }
             refused.push((
                 format!("{name} (document {})", i + 1),
                 "a document without apiVersion and kind: not a Kubernetes object (Fleet would fail to deploy it too)".into(),
@@ -63,10 +73,12 @@ pub(crate) fn documents(name: &str, text: &str, out: &mut Vec<Value>, refused: &
     }
 }
 
-/// Plain manifest files → inline manifests (files under a chart directory and templates
-/// refused: Fleet renders plain YAML through Helm, tender applies it as written).
+/// Plain manifest files → inline manifests, as Fleet's raw YAML: not templated, documents
+/// without apiVersion and kind skipped, `templates/` (a generated chart's) and subdirectories
+/// holding a chart or a fleet.yaml of their own left out.
 pub(crate) fn manifests(files: &Files) -> (Vec<Value>, Vec<Refused>) {
-    let charts = chart_dirs(files);
+    let mut charts = excluded_dirs(files);
+    charts.push("templates/".into());
     let mut out = Vec::new();
     let mut refused = Vec::new();
     for (name, bytes) in files {
@@ -77,16 +89,26 @@ pub(crate) fn manifests(files: &Files) -> (Vec<Value>, Vec<Refused>) {
             refused.push((name.clone(), "not UTF-8".into()));
             continue;
         };
-        if text.contains("{{") {
-            refused.push((
-                name.clone(),
-                "holds Helm template actions: Fleet renders a directory without Chart.yaml through Helm, tender applies plain manifests as written; add a Chart.yaml (then it is a chart)".into(),
-            ));
-            continue;
-        }
-        documents(name, text, &mut out, &mut refused);
+        documents(name, text, false, &mut out, &mut refused);
     }
     (out, refused)
+}
+
+/// The chart Fleet generates for a directory without Chart.yaml whose `templates/` holds YAML
+/// (`render.addChartYAML`): a Chart.yaml named after the Bundle, and the YAML of `templates/`.
+pub(crate) fn generated_chart(files: &Files, name: &str) -> Vec<Value> {
+    let chart_yaml = format!("apiVersion: v2\nname: {name}\nversion: v0.0.0\n");
+    let mut out = vec![file_entry("Chart.yaml", chart_yaml.as_bytes())];
+    out.extend(
+        files
+            .iter()
+            .filter(|(k, _)| {
+                k.strip_prefix("templates/")
+                    .is_some_and(|t| [".yaml", ".yml", ".json"].iter().any(|e| t.ends_with(e)))
+            })
+            .map(|(k, v)| file_entry(k, v)),
+    );
+    out
 }
 
 /// `.helmignore` patterns of a chart: a pattern matches the path relative to the chart or its
@@ -239,6 +261,7 @@ pub(crate) fn kustomize(binary: &Path, dir: &Path, path: &str) -> Result<Vec<Val
     documents(
         path,
         &String::from_utf8_lossy(&out.stdout),
+        true,
         &mut objects,
         &mut refused,
     );

@@ -203,3 +203,33 @@ fn fleet_s_own_validations_and_tender_s_limits_are_refused_by_path() {
         .write("b/cm.yaml", CM);
     assert_eq!(refused(&d.0, &Options::default()), ["name"]);
 }
+
+#[test]
+fn plain_yaml_is_fleet_s_raw_yaml() {
+    let d = Dir::new("raw");
+    d.write("fleet.yaml", "helm: {values: {n: 1}}\n")
+        .write("cm.yaml", CM)
+        .write("not-an-object.yaml", "just: data\n")
+        .write("templates/t.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: t\ndata: {n: \"{{ .Values.n }}\"}\n")
+        .write("templates/_helpers.tpl", "{{/* dropped, as Fleet drops it */}}")
+        .write("sub/fleet.yaml", "{}")
+        .write("sub/cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: sub\n")
+        .write("chart/Chart.yaml", "apiVersion: v2\nname: c\nversion: 0.1.0\n")
+        .write("chart/templates/x.yaml", "{{ fail }}");
+    let b = &bundles(&d.0, &Options::default())[0];
+    let resources: Vec<String> = b["spec"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| match r.get("content") {
+            Some(_) => format!("file {}", r["name"].as_str().unwrap()),
+            None => format!("object {}", r["metadata"]["name"].as_str().unwrap()),
+        })
+        .collect();
+    assert_eq!(
+        resources,
+        ["object a", "file Chart.yaml", "file templates/t.yaml"],
+        "{b:#}"
+    );
+    assert_eq!(b["spec"]["helm"]["values"]["n"], 1);
+}
