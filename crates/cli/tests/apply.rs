@@ -78,6 +78,21 @@ fn prints_bundles_with_o_json_in_the_namespace_given() {
         bundles[0]["spec"]["targets"][2]["helm"]["values"]["serviceType"],
         "LoadBalancer"
     );
+    // The same Bundles as YAML documents.
+    let out = tender(&[
+        "apply",
+        "fleet-examples/multi-cluster/helm",
+        "fleet-test-data/simple",
+        "-n",
+        "ws",
+        "-l",
+        "team=a",
+        "-o",
+        "yaml",
+    ]);
+    let docs: Vec<serde_json::Value> =
+        serde_saphyr::from_multiple(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    assert_eq!(serde_json::Value::Array(docs), bundles);
 }
 
 #[test]

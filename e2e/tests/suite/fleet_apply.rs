@@ -295,6 +295,25 @@ async fn a_refusal_writes_no_bundle_and_names_every_field() {
             .items
             .is_empty()
     );
+
+    // --dry-run: admitted by the apiserver, not stored.
+    let out = tender_apply(&ws, &["fleet-test-data/simple", "--dry-run"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!(
+            "Bundle {}/fleet-test-data-simple applied (server dry run)",
+            ws.ns
+        )
+    );
+    assert!(
+        absent(&bundles, "fleet-test-data-simple").await,
+        "dry run stored nothing"
+    );
 }
 
 #[tokio::test]
