@@ -13,6 +13,8 @@ pub(crate) enum Shape {
     Map(&'static [Field]),
     /// A list of the shape.
     List(&'static Shape),
+    /// A map of strings (labels, annotations, templateValues).
+    Strings,
 }
 
 /// When a key is refused.
@@ -82,7 +84,7 @@ pub(crate) const HELM: &[Field] = &[
     ok("timeoutSeconds", Shape::Any),
     ok("values", Shape::Any),
     ok("valuesFiles", Shape::List(&Shape::Any)),
-    ok("templateValues", Shape::Any),
+    ok("templateValues", Shape::Strings),
     ok("valuesFrom", Shape::List(&Shape::Map(VALUES_FROM))),
     when_set("force", RELEASE),
     ok("takeOwnership", Shape::Any),
@@ -177,8 +179,8 @@ pub(crate) const TARGET: &[Field] = deployment_options!(
     ok("clusterGroup", Shape::Any),
     ok("clusterGroupSelector", Shape::Any),
     ok("doNotDeploy", Shape::Any),
-    ok("namespaceLabels", Shape::Any),
-    ok("namespaceAnnotations", Shape::Any),
+    ok("namespaceLabels", Shape::Strings),
+    ok("namespaceAnnotations", Shape::Strings),
     ok("keepResources", Shape::Any),
     ok(
         "downstreamResources",
@@ -233,7 +235,7 @@ const BUNDLE_REF: &[Field] = &[
 /// The whole fleet.yaml.
 pub(crate) const FLEET_YAML: &[Field] = deployment_options!(
     ok("name", Shape::Any),
-    ok("labels", Shape::Any),
+    ok("labels", Shape::Strings),
     ok("paused", Shape::Any),
     ok("rolloutStrategy", Shape::Map(ROLLOUT)),
     ok("targetCustomizationMode", Shape::Any),
@@ -244,8 +246,8 @@ pub(crate) const FLEET_YAML: &[Field] = deployment_options!(
     ok("keepResources", Shape::Any),
     ok("correctDrift", Shape::Map(CORRECT_DRIFT)),
     ok("diff", Shape::Map(DIFF)),
-    ok("namespaceLabels", Shape::Any),
-    ok("namespaceAnnotations", Shape::Any),
+    ok("namespaceLabels", Shape::Strings),
+    ok("namespaceAnnotations", Shape::Strings),
     ok(
         "downstreamResources",
         Shape::List(&Shape::Map(DOWNSTREAM_RESOURCE))
@@ -286,6 +288,16 @@ pub(crate) fn check(
 fn check_shape(value: &Value, shape: Shape, path: &str, out: &mut Vec<(String, String)>) {
     match (shape, value) {
         (Shape::Any, _) | (_, Value::Null) => {}
+        (Shape::Strings, Value::Object(map)) => {
+            for (key, v) in map {
+                if !v.is_string() {
+                    out.push((
+                        join(path, key),
+                        format!("must be a string, not {v} (YAML reads unquoted true/false/yes/no/on/off/y/n and numbers as such: quote it)"),
+                    ));
+                }
+            }
+        }
         (Shape::Map(fields), Value::Object(map)) => {
             for (key, v) in map {
                 let p = join(path, key);
@@ -306,6 +318,7 @@ fn check_shape(value: &Value, shape: Shape, path: &str, out: &mut Vec<(String, S
         }
         (Shape::Map(_), _) => out.push((path.into(), "must be a map".into())),
         (Shape::List(_), _) => out.push((path.into(), "must be a list".into())),
+        (Shape::Strings, _) => out.push((path.into(), "must be a map of strings".into())),
     }
 }
 
@@ -337,6 +350,7 @@ mod tests {
                                      {"name": "b", "correctDrift": {"enabled": true}}],
             "imageScans": [],
             "rolloutStrategy": {"maxNew": 3},
+            "labels": {"a": "b", "c": true},
         });
         assert_eq!(
             refusals(v),
@@ -344,6 +358,7 @@ mod tests {
                 "helm.atomic",
                 "helm.bogus",
                 "imageScans",
+                "labels.c",
                 "rolloutStrategy.maxNew",
                 "targetCustomizations[0].diff",
                 "targetCustomizations[1].correctDrift",
