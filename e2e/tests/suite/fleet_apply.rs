@@ -20,21 +20,12 @@ use tender_e2e::fixture::{WAIT, Workspace};
 use tender_e2e::{HUB, downstream_name, ensure_kustomize, eventually, shared_env};
 use tender_types::{Bundle, Cluster, ClusterGroup};
 
-/// The `tender` binary next to this test's binaries, built if `cargo test` did not build it.
+/// The `tender` binary (built with the hub and agent, once per test process).
 fn tender_bin() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_BIN_EXE_tender-testenv"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let bin = dir.join("tender");
-    if !bin.exists() {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "tender-cli", "--bin", "tender"])
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "building the tender CLI");
-    }
-    bin
+    tender_e2e::binaries::tender_binaries()
+        .expect("building tender")
+        .cli
+        .clone()
 }
 
 fn repos() -> PathBuf {
@@ -113,32 +104,6 @@ fn applied(out: &Output, ns: &str) -> Vec<String> {
         .collect()
 }
 
-/// Waits until `bundle`'s BundleDeployment on `cluster` is applied at its deploymentID.
-async fn wait_applied(ws: &Workspace, cluster: &str, bundle: &str) {
-    let bds = ws.bds(cluster);
-    let done = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Ok(Some(bd)) = bds.get_opt(bundle).await
-                && bd.status.as_ref().is_some_and(|s| {
-                    s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                })
-            {
-                return;
-            }
-            // Polling the hub's apiserver; the timeout above bounds it.
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        }
-    })
-    .await;
-    if done.is_err() {
-        let bd = bds.get_opt(bundle).await.unwrap();
-        panic!(
-            "{bundle} on {cluster}: not applied: {:#?}",
-            bd.map(|b| b.status)
-        );
-    }
-}
-
 async fn replicas(down: &kube::Client, ns: &str, name: &str) -> Option<i32> {
     let api = Api::<Deployment>::namespaced(down.clone(), ns);
     let d = eventually(&format!("Deployment {ns}/{name}"), WAIT, || async {
@@ -196,14 +161,19 @@ async fn fleet_examples_manifests_and_kustomize_deploy_per_cluster_variants() {
     // Each cluster gets exactly one variant: dev on local, prod on east, test on neither.
     for (cluster, variant) in [("local", "dev"), ("east", "prod")] {
         for dir in ["manifests", "kustomize"] {
-            wait_applied(
-                &ws,
+            ws.wait_applied(
                 cluster,
                 &format!("fleet-examples-multi-cluster-{dir}-{variant}"),
+                "tender apply",
             )
             .await;
         }
-        wait_applied(&ws, cluster, "fleet-examples-single-cluster-manifests").await;
+        ws.wait_applied(
+            cluster,
+            "fleet-examples-single-cluster-manifests",
+            "tender apply",
+        )
+        .await;
     }
     for (cluster, variant) in [("local", "dev"), ("east", "prod")] {
         for b in &bundles {
@@ -336,7 +306,7 @@ async fn local_charts_deploy_with_per_cluster_values() {
     let bundles = applied(&out, &ws.ns);
     for b in &bundles {
         for cluster in ["local", "east"] {
-            wait_applied(&ws, cluster, b).await;
+            ws.wait_applied(cluster, b, b).await;
         }
     }
     let [local, east] = &downs;
