@@ -242,9 +242,12 @@ fn variant_resources(
 ) -> Vec<Value> {
     let (dir, files, content, opts) = (src.dir, src.files, src.content, src.opts);
     let original = files;
-    let files = match files::apply_overlays(files, &variant.overlays) {
-        Ok(f) => f,
-        Err(r) => {
+    // Fleet applies overlays (and drops `overlays/`) to raw YAML only, never to a chart.
+    let raw = matches!(content, Content::Manifests | Content::Templates);
+    let files = match raw.then(|| files::apply_overlays(files, &variant.overlays)) {
+        None => files.clone(),
+        Some(Ok(f)) => f,
+        Some(Err(r)) => {
             refused.push(r);
             return Vec::new();
         }
@@ -313,6 +316,18 @@ fn target(
         refused.push((
             format!("{path}.helm.chart"),
             "a local chart of its own for this target: a Bundle carries one chart's files; make it a fleet.yaml directory of its own".into(),
+        ));
+    }
+    if t.get("serviceAccount").is_some_and(|v| !is_empty(v)) {
+        refused.push((
+            format!("{path}.serviceAccount"),
+            "tender's targets carry no serviceAccount: set it for the whole fleet.yaml".into(),
+        ));
+    }
+    if t.get("createNamespace") == Some(&Value::Bool(false)) {
+        refused.push((
+            format!("{path}.createNamespace"),
+            "tender always creates the target namespace".into(),
         ));
     }
     let mut out = selectors(t);
@@ -599,7 +614,7 @@ pub(crate) fn directory(
             (p.clone(), target(dir, t, p, spec_chart, &mut refused))
         })
         .collect();
-    let base = variant_of(
+    let mut base = variant_of(
         &fy,
         &Variant {
             kustomize: None,
@@ -608,10 +623,16 @@ pub(crate) fn directory(
         },
         "",
     );
-    let variants: Vec<Variant> = targets
+    let mut variants: Vec<Variant> = targets
         .iter()
         .map(|(p, t)| variant_of(t, &base, &format!("{p}.")))
         .collect();
+    if !matches!(content, Content::Manifests | Content::Templates) {
+        // A chart: Fleet ignores `yaml.overlays` (kustomize over it is refused below).
+        for v in variants.iter_mut().chain([&mut base]) {
+            v.overlays.clear();
+        }
+    }
     let mut distinct = vec![base.clone()];
     for v in &variants {
         if !distinct.contains(v) {

@@ -233,3 +233,36 @@ fn plain_yaml_is_fleet_s_raw_yaml() {
     );
     assert_eq!(b["spec"]["helm"]["values"]["n"], 1);
 }
+
+#[test]
+fn overlays_do_not_touch_a_chart_and_per_target_options_tender_lacks_are_refused() {
+    let d = Dir::new("chart-overlays");
+    d.write(
+        "fleet.yaml",
+        "helm: {chart: chart}\ntargetCustomizations:\n- name: a\n  clusterName: a\n  yaml: {overlays: [x]}\n- name: b\n  clusterName: b\n",
+    )
+    .write("chart/Chart.yaml", "apiVersion: v2\nname: c\nversion: 0.1.0\n")
+    .write("chart/overlays/x/keep.yaml", "kept: true\n");
+    let b = bundles(&d.0, &Options::default());
+    assert_eq!(b.len(), 1, "one Bundle: Fleet ignores overlays on a chart");
+    let files: Vec<&str> = b[0]["spec"]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["chart/Chart.yaml", "chart/overlays/x/keep.yaml"]);
+
+    d.write(
+        "fleet.yaml",
+        "targetCustomizations:\n- name: a\n  clusterName: a\n  serviceAccount: sa\n  createNamespace: false\n",
+    )
+    .write("cm.yaml", CM);
+    assert_eq!(
+        refused(&d.0, &Options::default()),
+        [
+            "targetCustomizations[0].serviceAccount",
+            "targetCustomizations[0].createNamespace"
+        ]
+    );
+}
