@@ -578,6 +578,66 @@ fn spec_helm(
     }
 }
 
+/// Each target's variant, and the distinct variants (the fleet.yaml's own first).
+fn variants(
+    fy: &Value,
+    targets: &[(String, Value)],
+    content: &Content,
+) -> (Vec<Variant>, Vec<Variant>) {
+    let mut base = variant_of(
+        fy,
+        &Variant {
+            kustomize: None,
+            overlays: Vec::new(),
+            source: "kustomization.yaml".into(),
+        },
+        "",
+    );
+    let mut variants: Vec<Variant> = targets
+        .iter()
+        .map(|(p, t)| variant_of(t, &base, &format!("{p}.")))
+        .collect();
+    if !matches!(content, Content::Manifests | Content::Templates) {
+        // A chart: Fleet ignores `yaml.overlays` (kustomize over it is refused).
+        for v in variants.iter_mut().chain([&mut base]) {
+            v.overlays.clear();
+        }
+    }
+    let mut distinct = vec![base];
+    for v in &variants {
+        if !distinct.contains(v) {
+            distinct.push(v.clone());
+        }
+    }
+    (variants, distinct)
+}
+
+/// The targets of `variant`'s Bundle: every target in order, those of other variants with
+/// their selectors only and `doNotDeploy: true` (the first match wins, so each cluster gets
+/// exactly one variant).
+fn variant_targets(
+    converted: &[(String, Value)],
+    variants: &[Variant],
+    variant: &Variant,
+) -> Vec<Value> {
+    converted
+        .iter()
+        .zip(variants)
+        .map(|((_, t), v)| {
+            if v == variant {
+                t.clone()
+            } else {
+                let mut only = selectors(t);
+                if let Some(name) = t.get("name") {
+                    only.insert("name".into(), name.clone());
+                }
+                only.insert("doNotDeploy".into(), true.into());
+                Value::Object(only)
+            }
+        })
+        .collect()
+}
+
 /// Converts the directory: its Bundles, or every refusal.
 pub(crate) fn directory(
     dir: &Path,
@@ -614,31 +674,7 @@ pub(crate) fn directory(
             (p.clone(), target(dir, t, p, spec_chart, &mut refused))
         })
         .collect();
-    let mut base = variant_of(
-        &fy,
-        &Variant {
-            kustomize: None,
-            overlays: Vec::new(),
-            source: "kustomization.yaml".into(),
-        },
-        "",
-    );
-    let mut variants: Vec<Variant> = targets
-        .iter()
-        .map(|(p, t)| variant_of(t, &base, &format!("{p}.")))
-        .collect();
-    if !matches!(content, Content::Manifests | Content::Templates) {
-        // A chart: Fleet ignores `yaml.overlays` (kustomize over it is refused below).
-        for v in variants.iter_mut().chain([&mut base]) {
-            v.overlays.clear();
-        }
-    }
-    let mut distinct = vec![base.clone()];
-    for v in &variants {
-        if !distinct.contains(v) {
-            distinct.push(v.clone());
-        }
-    }
+    let (variants, distinct) = variants(&fy, &targets, &content);
     let disable_deps = fy.pointer("/helm/disableDependencyUpdate") == Some(&Value::Bool(true));
     let mut bundles = Vec::new();
     for (n, variant) in distinct.iter().enumerate() {
@@ -665,22 +701,7 @@ pub(crate) fn directory(
             let target_name = str_at(&converted[first].1, &["name"]);
             names::helm_release_name(&format!("{name}-{target_name}"))
         };
-        let targets: Vec<Value> = converted
-            .iter()
-            .zip(&variants)
-            .map(|((_, t), v)| {
-                if v == variant {
-                    t.clone()
-                } else {
-                    let mut only = selectors(t);
-                    if let Some(name) = t.get("name") {
-                        only.insert("name".into(), name.clone());
-                    }
-                    only.insert("doNotDeploy".into(), true.into());
-                    Value::Object(only)
-                }
-            })
-            .collect();
+        let targets = variant_targets(&converted, &variants, variant);
         let mut spec = spec.clone();
         if n > 0
             && let Some(h) = spec.get_mut("helm")
