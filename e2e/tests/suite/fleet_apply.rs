@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use tender_e2e::fixture::{WAIT, Workspace};
 use tender_e2e::{HUB, downstream_name, ensure_kustomize, eventually, shared_env};
 use tender_types::{Bundle, Cluster, ClusterGroup};
@@ -127,6 +127,93 @@ where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     api.get_opt(name).await.unwrap().is_none()
+}
+
+/// `tender apply -o json DIR` with the test kustomize: the Bundles.
+fn printed(dir: &str) -> Vec<Value> {
+    let out = Command::new(tender_bin())
+        .current_dir(repos())
+        .args(["apply", dir, "-o", "json", "--kustomize"])
+        .arg(ensure_kustomize().expect("building kustomize"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// An object as Fleet's expected output shows it, without what Fleet's apply adds (its
+/// objectset label and annotation, the namespace) — or one of ours as it is.
+fn comparable(mut o: Value) -> Value {
+    let meta = o["metadata"].as_object_mut().unwrap();
+    meta.remove("namespace");
+    for (key, fleets) in [
+        ("labels", "objectset.rio.cattle.io/hash"),
+        ("annotations", "objectset.rio.cattle.io/id"),
+    ] {
+        if let Some(Value::Object(m)) = meta.get_mut(key) {
+            m.remove(fleets);
+            if m.is_empty() {
+                meta.remove(key);
+            }
+        }
+    }
+    o
+}
+
+/// Fleet's expected output of fleet-examples (`tests/expected/<dir>/<env>-output.yaml`) is
+/// what the variant of a cluster labelled env=<env> carries: the same objects, field for field.
+#[test]
+fn each_environment_gets_the_objects_fleet_s_own_expected_output_lists() {
+    for dir in [
+        "multi-cluster/manifests",
+        "multi-cluster/kustomize",
+        "single-cluster/manifests",
+        "single-cluster/kustomize",
+    ] {
+        let bundles = printed(&format!("fleet-examples/{dir}"));
+        for env in ["dev", "test", "prod"] {
+            // The Bundle whose first target selecting env=<env> (or the default group) deploys.
+            let selects = |t: &Value| {
+                t["clusterSelector"]["matchLabels"]["env"] == env || t["clusterGroup"] == "default"
+            };
+            let bundle = bundles
+                .iter()
+                .find(|b| {
+                    b["spec"]["targets"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|t| selects(t))
+                        .is_some_and(|t| t.get("doNotDeploy").is_none())
+                })
+                .unwrap_or_else(|| panic!("{dir}: no Bundle for env={env}"));
+            let mut ours: Vec<Value> = bundle["spec"]["resources"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .cloned()
+                .map(comparable)
+                .collect();
+            let path = repos().join(format!(
+                "fleet-examples/tests/expected/{dir}/{env}-output.yaml"
+            ));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let mut fleets: Vec<Value> = serde_saphyr::from_multiple::<Option<Value>>(&text)
+                .unwrap()
+                .into_iter()
+                .flatten()
+                .map(comparable)
+                .collect();
+            let key = |o: &Value| format!("{}/{}", o["kind"], o["metadata"]["name"]);
+            ours.sort_by_key(key);
+            fleets.sort_by_key(key);
+            assert_eq!(ours, fleets, "{dir} for env={env}");
+        }
+    }
 }
 
 #[tokio::test]
