@@ -164,8 +164,46 @@ fn comparable(mut o: Value) -> Value {
     o
 }
 
-/// Fleet's expected output of fleet-examples (`tests/expected/<dir>/<env>-output.yaml`) is
-/// what the variant of a cluster labelled env=<env> carries: the same objects, field for field.
+/// The Bundle a cluster labelled env=`env` gets (its first selecting target deploys) and
+/// that target.
+fn bundle_for<'a>(bundles: &'a [Value], env: &str) -> (&'a Value, &'a Value) {
+    let selects = |t: &Value| {
+        t["clusterSelector"]["matchLabels"]["env"] == env || t["clusterGroup"] == "default"
+    };
+    bundles
+        .iter()
+        .find_map(|b| {
+            let t = b["spec"]["targets"]
+                .as_array()?
+                .iter()
+                .find(|t| selects(t))?;
+            t.get("doNotDeploy").is_none().then_some((b, t))
+        })
+        .unwrap_or_else(|| panic!("no Bundle for env={env}"))
+}
+
+/// fleet-examples' expected output of `dir` for `env` (`tests/expected/<dir>/<env>-output.yaml`).
+fn fleets_output(dir: &str, env: &str) -> Vec<Value> {
+    let path = repos().join(format!(
+        "fleet-examples/tests/expected/{dir}/{env}-output.yaml"
+    ));
+    let text = std::fs::read_to_string(&path).unwrap();
+    objects(&text)
+}
+
+fn objects(text: &str) -> Vec<Value> {
+    let mut out: Vec<Value> = serde_saphyr::from_multiple::<Option<Value>>(text)
+        .unwrap()
+        .into_iter()
+        .flatten()
+        .map(comparable)
+        .collect();
+    out.sort_by_key(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]));
+    out
+}
+
+/// Fleet's expected output of fleet-examples is what the variant of a cluster labelled
+/// env=<env> carries: the same objects, field for field.
 #[test]
 fn each_environment_gets_the_objects_fleet_s_own_expected_output_lists() {
     for dir in [
@@ -176,21 +214,7 @@ fn each_environment_gets_the_objects_fleet_s_own_expected_output_lists() {
     ] {
         let bundles = printed(&format!("fleet-examples/{dir}"));
         for env in ["dev", "test", "prod"] {
-            // The Bundle whose first target selecting env=<env> (or the default group) deploys.
-            let selects = |t: &Value| {
-                t["clusterSelector"]["matchLabels"]["env"] == env || t["clusterGroup"] == "default"
-            };
-            let bundle = bundles
-                .iter()
-                .find(|b| {
-                    b["spec"]["targets"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .find(|t| selects(t))
-                        .is_some_and(|t| t.get("doNotDeploy").is_none())
-                })
-                .unwrap_or_else(|| panic!("{dir}: no Bundle for env={env}"));
+            let (bundle, _) = bundle_for(&bundles, env);
             let mut ours: Vec<Value> = bundle["spec"]["resources"]
                 .as_array()
                 .unwrap()
@@ -198,20 +222,62 @@ fn each_environment_gets_the_objects_fleet_s_own_expected_output_lists() {
                 .cloned()
                 .map(comparable)
                 .collect();
-            let path = repos().join(format!(
-                "fleet-examples/tests/expected/{dir}/{env}-output.yaml"
-            ));
-            let text = std::fs::read_to_string(&path).unwrap();
-            let mut fleets: Vec<Value> = serde_saphyr::from_multiple::<Option<Value>>(&text)
-                .unwrap()
-                .into_iter()
-                .flatten()
-                .map(comparable)
-                .collect();
-            let key = |o: &Value| format!("{}/{}", o["kind"], o["metadata"]["name"]);
-            ours.sort_by_key(key);
-            fleets.sort_by_key(key);
-            assert_eq!(ours, fleets, "{dir} for env={env}");
+            ours.sort_by_key(|o| format!("{}/{}", o["kind"], o["metadata"]["name"]));
+            assert_eq!(ours, fleets_output(dir, env), "{dir} for env={env}");
+        }
+    }
+}
+
+/// A local chart: its files from the Bundle and the values a cluster of each environment
+/// gets (the Bundle's, then its target's, merged as the agent merges them), rendered by the
+/// pinned `helm template`, give fleet-examples' expected output for that environment.
+#[test]
+fn a_local_chart_with_each_environment_s_values_renders_fleet_s_expected_output() {
+    let helm = tender_e2e::ensure_helm().expect("building helm");
+    for dir in ["multi-cluster/helm", "single-cluster/helm"] {
+        let bundles = printed(&format!("fleet-examples/{dir}"));
+        for env in ["dev", "test", "prod"] {
+            let (bundle, target) = bundle_for(&bundles, env);
+            let work = std::env::temp_dir().join(tender_e2e::unique_name("fleet-apply-chart"));
+            for f in bundle["spec"]["resources"].as_array().unwrap() {
+                assert!(f.get("encoding").is_none(), "{f}");
+                let path = work.join("files").join(f["name"].as_str().unwrap());
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, f["content"].as_str().unwrap()).unwrap();
+            }
+            let values = |v: &Value| if v.is_null() { json!({}) } else { v.clone() };
+            let spec_values = work.join("spec-values.json");
+            let target_values = work.join("target-values.json");
+            let spec = values(&bundle["spec"]["helm"]["values"]);
+            std::fs::write(&spec_values, spec.to_string()).unwrap();
+            std::fs::write(
+                &target_values,
+                values(&target["helm"]["values"]).to_string(),
+            )
+            .unwrap();
+            let chart = work
+                .join("files")
+                .join(bundle["spec"]["helm"]["chart"].as_str().unwrap_or(""));
+            let out = Command::new(&helm)
+                .args(["template", "release"])
+                .arg(&chart)
+                .arg("-f")
+                .arg(&spec_values)
+                .arg("-f")
+                .arg(&target_values)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let _ = std::fs::remove_dir_all(&work);
+            assert_eq!(
+                objects(&String::from_utf8(out.stdout).unwrap()),
+                fleets_output(dir, env),
+                "{dir} for env={env}"
+            );
         }
     }
 }
