@@ -3,7 +3,11 @@
 //! real agents (`local` env=dev, `east` env=prod, a `default` ClusterGroup selecting both):
 //! the objects each cluster gets, with the fields Fleet would give it, each BundleDeployment
 //! applied at its deploymentID; and a refusal that writes nothing. Deployments never become
-//! available here (no kubelet): the objects and their fields are checked.
+//! available here (no kubelet): the objects and their fields are checked. Without a cluster:
+//! each environment's Bundle carries exactly what fleet-examples' own expected output
+//! (`tests/expected/<dir>/<env>-output.yaml`) lists — plain manifests, overlays, kustomize
+//! (built from kustomize's library, `ensure_kustomize`), and local charts rendered by the
+//! pinned `helm template` with that environment's values.
 //!
 //! The directories carrying a chart as files (multi-cluster/helm, helm-cluster-values,
 //! simple-chart) need Bundle file entries rendered by the agent (branch `files`, decision
