@@ -27,6 +27,11 @@ pub enum Output {
 
 /// Arguments of `tender apply`.
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Exit codes: 0 applied (or printed); 2 a field or file cannot be mapped \
+(every refusal of every directory is listed, nothing is written); 1 any other error.\n\
+See docs/migrating-from-fleet.md for what each fleet.yaml field becomes."
+)]
 pub struct Args {
     /// Directories to read; each one and every directory below it holding a fleet.yaml becomes
     /// a Bundle, as `fleet apply` does.

@@ -33,6 +33,7 @@ fn help_names_the_flags() {
         "--kustomize",
         "--force-conflicts",
         "[DIRS]...",
+        "Exit codes: 0 applied (or printed); 2 a field or file cannot be mapped",
     ] {
         assert!(help.contains(flag), "{flag} missing from:\n{help}");
     }
