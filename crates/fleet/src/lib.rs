@@ -95,9 +95,10 @@ pub struct Converted {
     pub bundles: Vec<Bundle>,
 }
 
-/// The directories `fleet apply` makes Bundles of under `root`: `root` itself when it holds a
-/// fleet.yaml (or holds no fleet.yaml anywhere below it), and every directory below holding
-/// one; `.git` and dot directories skipped.
+/// The directories `fleet apply` makes Bundles of under `root` (Fleet's
+/// `shouldCreateBundleForThisPath`): every directory holding a fleet.yaml, and `root` itself
+/// without one when YAML lies in it or below it outside those directories; dot directories
+/// skipped.
 pub fn bundle_dirs(root: &Path) -> Result<Vec<PathBuf>, Error> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -120,11 +121,32 @@ pub fn bundle_dirs(root: &Path) -> Result<Vec<PathBuf>, Error> {
         subdirs.sort();
         stack.extend(subdirs.into_iter().rev());
     }
-    if found.is_empty() {
+    if !has_fleet_yaml(root) && loose_yaml(root) {
         found.push(root.to_path_buf());
     }
     found.sort();
     Ok(found)
+}
+
+/// Fleet's `hasSubDirectoryWithResourcesAndWithoutFleetYaml`: a `.yaml`/`.yml` file in `dir`
+/// or below it, outside directories holding a fleet.yaml (dot directories skipped, as their
+/// files are never read).
+fn loose_yaml(dir: &Path) -> bool {
+    if has_fleet_yaml(dir) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries.filter_map(Result::ok).any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        if path.is_dir() {
+            !name.starts_with('.') && loose_yaml(&path)
+        } else {
+            name.ends_with(".yaml") || name.ends_with(".yml")
+        }
+    })
 }
 
 fn has_fleet_yaml(dir: &Path) -> bool {

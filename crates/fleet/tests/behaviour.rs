@@ -266,3 +266,23 @@ fn overlays_do_not_touch_a_chart_and_per_target_options_tender_lacks_are_refused
         ]
     );
 }
+
+#[test]
+fn the_root_is_a_bundle_only_with_yaml_outside_fleet_yaml_directories() {
+    let d = Dir::new("root");
+    d.write("app/fleet.yaml", "{}")
+        .write("app/cm.yaml", CM)
+        .write("README.md", "x")
+        .write(".github/ci.yml", "x: 1");
+    assert_eq!(tender_fleet::bundle_dirs(&d.0).unwrap(), [d.0.join("app")]);
+    d.write("loose/cm.yaml", CM);
+    assert_eq!(
+        tender_fleet::bundle_dirs(&d.0).unwrap(),
+        [d.0.clone(), d.0.join("app")]
+    );
+    d.write("fleet.yaml", "{}");
+    assert_eq!(
+        tender_fleet::bundle_dirs(&d.0).unwrap(),
+        [d.0.clone(), d.0.join("app")]
+    );
+}

@@ -110,7 +110,13 @@ fn every_fixture_converts_as_expected() {
     std::env::set_current_dir(repos()).unwrap();
     let mut dirs = Vec::new();
     for repo in ["fleet-examples", "fleet-test-data"] {
-        dirs.extend(tender_fleet::bundle_dirs(Path::new(repo)).unwrap());
+        // Each fleet.yaml directory (the repository roots hold no fleet.yaml of their own).
+        dirs.extend(
+            tender_fleet::bundle_dirs(Path::new(repo))
+                .unwrap()
+                .into_iter()
+                .filter(|d| d.join("fleet.yaml").is_file()),
+        );
     }
     let mut actual = String::new();
     for dir in &dirs {
