@@ -812,10 +812,29 @@ fn bundle(
             ));
         }
     }
-    serde_json::from_value(value).map_err(|e| {
+    serde_json::from_value(value.clone()).map_err(|e| {
         (
-            "(whole directory)".into(),
-            format!("not a tender Bundle: {e}"),
+            culprit(&value["spec"]),
+            format!("not a tender Bundle field: {e}"),
         )
     })
+}
+
+/// The spec field (or `targets[i]`) a Bundle fails to read at: each tried alone.
+fn culprit(spec: &Value) -> String {
+    let fails = |key: &str, v: &Value| {
+        serde_json::from_value::<tender_types::BundleSpec>(json!({ key: v })).is_err()
+    };
+    for (key, v) in spec.as_object().into_iter().flatten() {
+        if key == "targets" {
+            for (i, t) in v.as_array().into_iter().flatten().enumerate() {
+                if fails(key, &json!([t])) {
+                    return format!("targets[{i}] (targetCustomizations, overrideTargets)");
+                }
+            }
+        } else if fails(key, v) {
+            return key.clone();
+        }
+    }
+    "(whole directory)".into()
 }

@@ -286,3 +286,15 @@ fn the_root_is_a_bundle_only_with_yaml_outside_fleet_yaml_directories() {
         [d.0.clone(), d.0.join("app")]
     );
 }
+
+#[test]
+fn a_value_tender_cannot_read_is_refused_at_its_field() {
+    let d = Dir::new("types");
+    d.write("fleet.yaml", "rolloutStrategy: {partitions: [{name: 3}]}\ndependsOn: [{name: x, acceptedStates: [Ready]}]\n")
+        .write("cm.yaml", CM);
+    let r = match convert(std::slice::from_ref(&d.0), &Options::default()) {
+        Err(Error::Refused(r)) => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r[0].path, "rolloutStrategy", "{}", r[0].reason);
+}
