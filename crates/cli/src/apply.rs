@@ -99,6 +99,9 @@ pub fn bundles(args: &Args) -> Result<Vec<Bundle>, Error> {
             out.push(b);
         }
     }
+    if out.is_empty() {
+        eprintln!("no Bundle to apply: no fleet.yaml and no YAML found");
+    }
     Ok(out)
 }
 

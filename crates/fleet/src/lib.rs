@@ -68,7 +68,7 @@ pub enum Error {
     #[error("{} refused field(s) or file(s); nothing was applied:\n{}", .0.len(), list(.0))]
     Refused(Vec<Refusal>),
     /// A directory given could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     Io {
         /// The path.
         path: PathBuf,
