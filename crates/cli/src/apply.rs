@@ -60,7 +60,7 @@ pub struct Args {
     #[arg(long)]
     pub targets_file: Option<PathBuf>,
     /// Label set on every Bundle, `key=value`; repeatable.
-    #[arg(long = "label", short = 'l', value_parser = parse_label)]
+    #[arg(long = "label", short = 'l', value_parser = crate::cluster::parse_label)]
     pub labels: Vec<(String, String)>,
     /// The kustomize binary rendering kustomize directories.
     #[arg(long, default_value = "kustomize", env = "TENDER_KUSTOMIZE")]
@@ -71,13 +71,6 @@ pub struct Args {
     /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
     #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
     pub hub_kubeconfig: Option<PathBuf>,
-}
-
-fn parse_label(s: &str) -> Result<(String, String), String> {
-    let (k, v) = s
-        .split_once('=')
-        .ok_or_else(|| format!("label {s:?} is not key=value"))?;
-    Ok((k.to_string(), v.to_string()))
 }
 
 /// The Bundles of `args.dirs`, in the workspace namespace, or the refusals.
