@@ -400,11 +400,13 @@ fn all_targets(
         targets.push((format!("{source}[{i}]"), t));
     }
     // Fleet deploys to a cluster only when a restriction also selects it; tender has no
-    // restrictions, so they must not narrow anything: one selects every cluster, or every
-    // target is itself one of them.
+    // restrictions, so they must not narrow anything: one selects every cluster (`{}`, or
+    // Fleet's `default` group, which selects every cluster — a GitRepo without targets), or
+    // every target is itself one of them.
     let open = restrictions.iter().any(|r| {
         r.get("clusterSelector")
             .is_some_and(|s| s.as_object().is_some_and(|o| o.values().all(is_empty)))
+            || str_at(r, &["clusterGroup"]) == "default"
     });
     if !restrictions.is_empty() && !open {
         let allowed: Vec<_> = restrictions.iter().map(selectors).collect();

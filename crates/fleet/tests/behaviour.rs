@@ -91,7 +91,8 @@ fn a_targets_file_appends_and_its_restrictions_must_not_narrow() {
     d.write("app/fleet.yaml", "targetCustomizations:\n- name: dev\n  clusterSelector: {matchLabels: {env: dev}}\n  helm: {values: {a: 1}}\n")
         .write("app/cm.yaml", CM)
         .write("open.yaml", "targets:\n- clusterSelector: {}\ntargetRestrictions:\n- clusterSelector: {}\n")
-        .write("narrow.yaml", "targets:\n- clusterGroup: g\ntargetRestrictions:\n- clusterGroup: g\n");
+        .write("narrow.yaml", "targets:\n- clusterGroup: g\ntargetRestrictions:\n- clusterGroup: g\n")
+        .write("gitrepo-default.yaml", "targets:\n- clusterGroup: default\ntargetRestrictions:\n- clusterGroup: default\n");
     let app = d.0.join("app");
     let open = Options {
         targets_file: Some(d.0.join("open.yaml")),
@@ -107,6 +108,13 @@ fn a_targets_file_appends_and_its_restrictions_must_not_narrow() {
         ..Options::default()
     };
     assert_eq!(refused(&app, &narrow), ["targetCustomizations[0]"]);
+    // A GitRepo without targets: Fleet's `default` group, every cluster.
+    let gitrepo = Options {
+        targets_file: Some(d.0.join("gitrepo-default.yaml")),
+        ..Options::default()
+    };
+    let b = bundles(&app, &gitrepo);
+    assert_eq!(b[0]["spec"]["targets"][1]["clusterGroup"], "default");
 }
 
 #[test]
