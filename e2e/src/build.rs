@@ -104,6 +104,14 @@ pub fn ensure_promql_check() -> Result<PathBuf> {
     ensure_go_binary(&dir, ".", "promql-check", "-s -w", "the PromQL checker")
 }
 
+/// Returns the path of the `kustomize build DIR` program of `e2e/tools/kustomize` (kustomize's
+/// krusty library, `sigs.k8s.io/kustomize/api`), building it if needed: what `tender apply
+/// --kustomize` runs in the tests.
+pub fn ensure_kustomize() -> Result<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/kustomize");
+    ensure_go_binary(&dir, ".", "kustomize", "-s -w", "kustomize (krusty)")
+}
+
 /// Returns the path of the OCI registry built from `e2e/tools/registry` (distribution's
 /// registry with filesystem storage and htpasswd/token auth, plus an htpasswd writer and a
 /// Bearer token issuer), building it if needed.

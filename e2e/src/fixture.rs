@@ -298,6 +298,42 @@ impl Workspace {
         Api::namespaced(self.hub.clone(), &self.cluster_ns(cluster))
     }
 
+    /// Waits until `bundle`'s BundleDeployment on `cluster` is applied at its deploymentID; on
+    /// timeout, fails naming `what` with the BundleDeployment's status (what the agent said)
+    /// and the Bundle's conditions.
+    pub async fn wait_applied(&self, cluster: &str, bundle: &str, what: &str) {
+        let bds = self.bds(cluster);
+        let done = tokio::time::timeout(WAIT, async {
+            loop {
+                if let Ok(Some(bd)) = bds.get_opt(bundle).await
+                    && bd.status.as_ref().is_some_and(|s| {
+                        s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                    })
+                {
+                    return;
+                }
+                // Polling the hub's apiserver; the timeout above bounds it.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+        .await;
+        if done.is_err() {
+            let bd = bds.get_opt(bundle).await.unwrap();
+            let b = Api::<Bundle>::namespaced(self.hub.clone(), &self.ns)
+                .get_opt(bundle)
+                .await
+                .unwrap();
+            eprintln!(
+                "Bundle {bundle}: {:#?}",
+                b.and_then(|b| b.status).map(|s| s.conditions)
+            );
+            panic!(
+                "{what} on {cluster}: not applied: {:#?}",
+                bd.map(|b| b.status)
+            );
+        }
+    }
+
     /// Waits until the BundleDeployment of `bundle` on `cluster` is Ready with its current
     /// deploymentID applied — and, with copies, the copies the hub holds now
     /// (`appliedCopiesID`, decision 0089-signed-copies), as the hub judges it.

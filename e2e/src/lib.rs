@@ -13,7 +13,8 @@ mod process;
 mod wait;
 
 pub use build::{
-    KUBERNETES_VERSION, ensure_controlplane, ensure_helm, ensure_oci_registry, ensure_promql_check,
+    KUBERNETES_VERSION, ensure_controlplane, ensure_helm, ensure_kustomize, ensure_oci_registry,
+    ensure_promql_check,
 };
 pub use env::{
     ADMIN_USER, ClusterInfo, EnvOptions, EnvRecord, HUB, RESTRICTED_USERS, TestEnv,

@@ -30,6 +30,8 @@ pub enum Command {
     Status(crate::status::Args),
     /// Resume a halted or rolled-back rollout in waves (docs/rollouts.md).
     Rollout(crate::rollout::Args),
+    /// Convert Fleet fleet.yaml directories into Bundles and apply them (or print them).
+    Apply(crate::apply::Args),
     /// Print a shell completion script (e.g. `source <(tender completions bash)`).
     Completions(crate::completions::Args),
 }
@@ -69,6 +71,7 @@ pub fn main() -> ExitCode {
         Command::Cluster(args) => block_on(crate::cluster::run(args)),
         Command::Status(args) => block_on(crate::status::run(args)),
         Command::Rollout(args) => block_on(crate::rollout::run(args)),
+        Command::Apply(args) => block_on_code(crate::apply::run(args)),
         Command::Completions(args) => {
             crate::completions::run(&args, command_for(None), BIN_NAME, &mut std::io::stdout())
                 .map(|()| ExitCode::SUCCESS)
@@ -89,6 +92,15 @@ fn block_on(f: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow:
         .build()?
         .block_on(f)?;
     Ok(ExitCode::SUCCESS)
+}
+
+fn block_on_code(
+    f: impl std::future::Future<Output = anyhow::Result<ExitCode>>,
+) -> anyhow::Result<ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
 }
 
 #[cfg(test)]

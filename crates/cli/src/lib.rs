@@ -3,6 +3,7 @@
 
 pub mod agent_rbac;
 pub mod app;
+pub mod apply;
 pub mod cluster;
 pub mod completions;
 pub mod rollout;

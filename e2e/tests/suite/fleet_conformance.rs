@@ -221,41 +221,6 @@ async fn values_seen(down: &kube::Client, ns: &str, release: &str) -> Value {
     serde_json::from_str(&text).unwrap()
 }
 
-/// Waits until `bundle`'s BundleDeployment on `cluster` is applied at its deploymentID; on
-/// timeout, fails with its status (what the agent said).
-async fn wait_applied(ws: &Workspace, cluster: &str, bundle: &str, file: &str) {
-    let bds = ws.bds(cluster);
-    let done = tokio::time::timeout(WAIT, async {
-        loop {
-            if let Ok(Some(bd)) = bds.get_opt(bundle).await
-                && bd.status.as_ref().is_some_and(|s| {
-                    s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                })
-            {
-                return;
-            }
-            // Polling the hub's apiserver; the timeout above bounds it.
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        }
-    })
-    .await;
-    if done.is_err() {
-        let bd = bds.get_opt(bundle).await.unwrap();
-        let b = Api::<Bundle>::namespaced(ws.hub.clone(), &ws.ns)
-            .get_opt(bundle)
-            .await
-            .unwrap();
-        eprintln!(
-            "Bundle {bundle}: {:#?}",
-            b.and_then(|b| b.status).map(|s| s.conditions)
-        );
-        panic!(
-            "{file} on {cluster}: not applied: {:#?}",
-            bd.map(|b| b.status)
-        );
-    }
-}
-
 /// Waits until `bundle` is applied on both clusters; the namespace `namespace` stands for
 /// (`@NS@` is the test's `ns`).
 async fn applied_on_both<'a>(
@@ -266,7 +231,7 @@ async fn applied_on_both<'a>(
     ns: &'a str,
 ) -> &'a str {
     for c in ["local", "east"] {
-        wait_applied(ws, c, bundle, file).await;
+        ws.wait_applied(c, bundle, file).await;
     }
     if namespace == NS { ns } else { namespace }
 }

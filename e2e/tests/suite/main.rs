@@ -27,6 +27,7 @@ mod depends_on;
 mod fanout;
 mod faults;
 mod flags;
+mod fleet_apply;
 mod fleet_conformance;
 mod fleet_targets;
 mod helm;

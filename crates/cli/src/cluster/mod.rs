@@ -115,7 +115,8 @@ pub struct AddArgs {
     pub hub_signing_key_secret: String,
 }
 
-fn parse_label(s: &str) -> Result<(String, String), String> {
+/// A `key=value` label argument, its value checked as a label value.
+pub(crate) fn parse_label(s: &str) -> Result<(String, String), String> {
     let (k, v) = s
         .split_once('=')
         .ok_or_else(|| format!("label {s:?} is not key=value"))?;
