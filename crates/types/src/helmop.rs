@@ -95,7 +95,7 @@ pub struct HelmOpSpec {
     #[schemars(schema_with = "bundle_labels_schema")]
     pub labels: BTreeMap<String, String>,
 
-    /// Which clusters receive the chart. Each cluster is matched by the first target that selects it. Unlike Fleet, a target sets exactly one of clusterName, clusterSelector, clusterGroup or clusterGroupSelector.
+    /// Which clusters receive the chart. Each cluster is matched by the first target that selects it. A target may set several of clusterName, clusterSelector, clusterGroup and clusterGroupSelector (all must hold, as in Fleet). No targets: Fleet's default target, the ClusterGroup `default` of this namespace (see docs/migrating-from-fleet.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 100), transform = fleet_only_target_fields)]
     pub targets: Vec<BundleTarget>,
@@ -133,12 +133,9 @@ pub struct HelmOpSpec {
     #[serde(default)]
     pub paused: bool,
 
-    /// How often the hub looks for a newer chart version matching `helm.version` (a range, or empty: the latest stable) and rolls it out: a Go duration, at least 15s. An exact version is never polled. The version found is in `status.version`. See docs/helm.md#polling.
+    /// How often the hub looks for a newer chart version matching `helm.version` (a range, or empty: the latest stable) and rolls it out: a Go duration as Fleet accepts it (`5s`, `1h30m`); `0` (or absent) means no polling, as in Fleet. The hub looks at most every 15s: a shorter interval is raised to that and reported (`PollingInterval=False`, reason PollingIntervalRaised). An exact version is never polled. The version found is in `status.version`. See docs/helm.md#polling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 2, max = 32), regex(pattern = crate::bundle::POLLING_INTERVAL_PATTERN), extend("x-kubernetes-validations" = [{
-        "rule": "duration(self) >= duration('15s')",
-        "message": "pollingInterval must be at least 15s"
-    }]))]
+    #[schemars(schema_with = "crate::bundle::polling_interval_schema")]
     pub polling_interval: Option<String>,
 
     /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
@@ -194,6 +191,9 @@ impl HelmOpSpec {
                 }
             }
         }
+        if targets.is_empty() {
+            targets.push(default_target());
+        }
         BundleSpec {
             targets,
             default_namespace: self.default_namespace.clone(),
@@ -214,6 +214,19 @@ impl HelmOpSpec {
             rollout_strategy: self.rollout_strategy.clone(),
             ..BundleSpec::default()
         }
+    }
+}
+
+/// The target Fleet's HelmOp controller gives a HelmOp without targets: the ClusterGroup
+/// `default` of its namespace (Fleet's `calculateBundle`). Neither Fleet's controller nor
+/// tender creates that group; Fleet's bootstrap creates one in `fleet-local` only.
+pub const DEFAULT_TARGET_GROUP: &str = "default";
+
+fn default_target() -> BundleTarget {
+    BundleTarget {
+        name: Some(DEFAULT_TARGET_GROUP.to_string()),
+        cluster_group: Some(DEFAULT_TARGET_GROUP.to_string()),
+        ..BundleTarget::default()
     }
 }
 
@@ -416,6 +429,23 @@ mod tests {
     }
 
     #[test]
+    fn without_targets_the_bundle_targets_the_default_group_as_in_fleet() {
+        let h = spec(json!({"helm": {"chart": "app", "repo": "https://c"}}));
+        let b = h.bundle_spec();
+        assert_eq!(b.targets.len(), 1);
+        assert_eq!(b.targets[0].name.as_deref(), Some("default"));
+        assert_eq!(b.targets[0].cluster_group.as_deref(), Some("default"));
+        assert!(b.targets[0].cluster_selector.is_none() && b.targets[0].cluster_name.is_none());
+        let with = spec(json!({"helm": {"chart": "app", "repo": "https://c"},
+                               "targets": [{"clusterName": "a"}]}));
+        assert_eq!(
+            with.bundle_spec().targets,
+            with.targets,
+            "targets given: no default"
+        );
+    }
+
+    #[test]
     fn insecure_skip_tls_verify_is_carried_into_the_bundle_helm() {
         let h = spec(json!({
             "helm": {"chart": "app", "repo": "https://c"},
@@ -489,7 +519,7 @@ mod tests {
             "spec.helm.atomic: true is not supported by tender",
             "spec.targets[].helm.atomic: true is not supported by tender",
             "spec.correctDrift.force: true is not supported by tender",
-            "exactly one of clusterName",
+            "pollingInterval must be 0 or a valid Go duration",
         ] {
             assert!(text.contains(needle), "{needle}");
         }

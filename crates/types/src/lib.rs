@@ -110,7 +110,7 @@ mod tests {
         let bundle = serde_json::to_string(&crds()[2]).unwrap();
         for needle in [
             "!has(self.__namespace__)",
-            "exactly one of clusterName",
+            "pollingInterval must be 0 or a valid Go duration",
             "x-kubernetes-embedded-resource",
             r#""x-kubernetes-list-map-keys":["kind","name"]"#,
             r#""x-kubernetes-list-map-keys":["type"]"#,
