@@ -17,7 +17,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tender_runtime::executor::{Apply, Fingerprint, ObjectKey, Op};
 use tender_runtime::{Executor, retry};
-use tender_types::conditions::TYPE_POLLED;
+use tender_types::conditions::{TYPE_POLLED, TYPE_POLLING_INTERVAL};
 use tender_types::{Bundle, BundleStatus, SourceKind, hash, labels};
 
 use crate::Error;
@@ -62,6 +62,7 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, pc: Arc<PollCtx>) -> Result<A
     let new = desired(
         bundle.status.as_ref(),
         report.as_ref(),
+        helm_poll::raised(&bundle.spec),
         bundle.metadata.generation,
         Time(ctx.clock.now()),
     );
@@ -83,11 +84,13 @@ pub(crate) fn error_policy(bundle: Arc<Bundle>, error: &Error, pc: Arc<PollCtx>)
     )
 }
 
-/// The fields the poller owns: `status.version` and the `Polled` condition.
+/// The fields the poller owns: `status.version`, the `Polled` condition and the
+/// `PollingInterval` condition (only while the interval is raised to the hub's floor).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Recorded {
     pub version: Option<String>,
     pub polled: Option<Condition>,
+    pub raised: Option<Condition>,
 }
 
 /// What `status` holds of the poller's fields.
@@ -100,18 +103,27 @@ pub(crate) fn recorded(status: Option<&BundleStatus>) -> Recorded {
                 .find(|c| c.type_ == TYPE_POLLED)
                 .cloned()
         }),
+        raised: status.and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == TYPE_POLLING_INTERVAL)
+                .cloned()
+        }),
     }
 }
 
-/// The poller's fields after `report` (none without polling). Pure.
+/// The poller's fields after `report` (none without polling) and with the interval `raised`
+/// to the hub's floor, if it is. Pure.
 pub(crate) fn desired(
     status: Option<&BundleStatus>,
     report: Option<&PollReport>,
+    raised: Option<(&str, std::time::Duration)>,
     generation: Option<i64>,
     now: Time,
 ) -> Recorded {
     let mut s = status.cloned().unwrap_or_default();
-    helm_poll::set_status(&mut s, report, generation, now);
+    helm_poll::set_status(&mut s, report, generation, now.clone());
+    helm_poll::set_raised(&mut s, raised, generation, now);
     recorded(Some(&s))
 }
 
@@ -191,8 +203,9 @@ fn status_op(bundle: &Bundle, new: &Recorded) -> Op {
     if let Some(v) = &new.version {
         status.insert("version".into(), serde_json::json!(v));
     }
-    if let Some(c) = &new.polled {
-        status.insert("conditions".into(), serde_json::json!([c]));
+    let conditions: Vec<&Condition> = new.polled.iter().chain(&new.raised).collect();
+    if !conditions.is_empty() {
+        status.insert("conditions".into(), serde_json::json!(conditions));
     }
     let body = serde_json::json!({
         "apiVersion": tender_types::API_GROUP_VERSION,
@@ -244,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_new_version_is_recorded_and_an_unchanged_one_is_not() {
-        let first = desired(None, Some(&report("0.1.0")), Some(2), at(10));
+        let first = desired(None, Some(&report("0.1.0")), None, Some(2), at(10));
         assert_eq!(first.version.as_deref(), Some("0.1.0"));
         let status = BundleStatus {
             version: first.version.clone(),
@@ -252,11 +265,11 @@ mod tests {
             ..BundleStatus::default()
         };
         assert_eq!(
-            desired(Some(&status), Some(&report("0.1.0")), Some(2), at(20)),
+            desired(Some(&status), Some(&report("0.1.0")), None, Some(2), at(20)),
             recorded(Some(&status)),
             "nothing new: nothing to write"
         );
-        let next = desired(Some(&status), Some(&report("0.1.1")), Some(2), at(30));
+        let next = desired(Some(&status), Some(&report("0.1.1")), None, Some(2), at(30));
         assert_eq!(next.version.as_deref(), Some("0.1.1"));
         assert_eq!(next.polled.unwrap().last_transition_time, at(30));
     }
@@ -265,13 +278,13 @@ mod tests {
     fn a_bundle_that_stops_polling_loses_both_fields() {
         let status = BundleStatus {
             version: Some("0.1.0".into()),
-            conditions: desired(None, Some(&report("0.1.0")), Some(1), at(1))
+            conditions: desired(None, Some(&report("0.1.0")), None, Some(1), at(1))
                 .polled
                 .into_iter()
                 .collect(),
             ..BundleStatus::default()
         };
-        let none = desired(Some(&status), None, Some(2), at(2));
+        let none = desired(Some(&status), None, None, Some(2), at(2));
         assert_eq!(none, Recorded::default());
         let Op::ApplyStatus(apply) = status_op(&bundle(Some(status)), &none) else {
             panic!("a status apply");
@@ -285,7 +298,7 @@ mod tests {
 
     #[test]
     fn the_apply_holds_only_the_pollers_fields() {
-        let new = desired(None, Some(&report("0.2.0")), Some(2), at(5));
+        let new = desired(None, Some(&report("0.2.0")), None, Some(2), at(5));
         let Op::ApplyStatus(apply) = status_op(&bundle(None), &new) else {
             panic!("a status apply");
         };

@@ -166,6 +166,45 @@ pub fn set_status(
     }
 }
 
+/// Writes the `PollingInterval` condition: `False`, reason PollingIntervalRaised, when the
+/// Bundle polls and its `pollingInterval` is below the hub's floor (`asked`); removed
+/// otherwise. Pure.
+pub fn set_raised(
+    status: &mut tender_types::BundleStatus,
+    asked: Option<(&str, Duration)>,
+    generation: Option<i64>,
+    now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) {
+    use tender_types::conditions::{TYPE_POLLING_INTERVAL, set_condition};
+    let Some((text, _)) = asked else {
+        status
+            .conditions
+            .retain(|c| c.type_ != TYPE_POLLING_INTERVAL);
+        return;
+    };
+    let floor = chart_version::MIN_POLLING_INTERVAL.as_secs();
+    let message = format!(
+        "pollingInterval {text} is below the hub's floor of {floor}s: the hub looks every {floor}s"
+    );
+    set_condition(
+        &mut status.conditions,
+        TYPE_POLLING_INTERVAL,
+        false,
+        reason::POLLING_INTERVAL_RAISED,
+        &message,
+        generation,
+        now,
+    );
+}
+
+/// The `pollingInterval` text and what it asks for, when the Bundle polls and the hub raises
+/// it to its floor.
+pub fn raised(spec: &BundleSpec) -> Option<(&str, Duration)> {
+    polling(spec)?;
+    let text = spec.polling_interval.as_deref()?;
+    chart_version::raised_polling_interval(text).map(|d| (text, d))
+}
+
 /// The delay before the next look: the interval plus up to a tenth of it, so Bundles polling
 /// the same repository drift apart.
 pub fn jittered(interval: Duration) -> Duration {

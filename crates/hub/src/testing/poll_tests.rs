@@ -383,3 +383,96 @@ async fn the_bundle_waits_while_polled_is_for_an_older_generation() {
     assert_eq!(deployed_version(&hub, "one").as_deref(), Some("0.2.0"));
     assert_eq!(deployed_version(&hub, "two").as_deref(), Some("0.2.0"));
 }
+
+/// The Bundle's `PollingInterval` condition: status, reason, message.
+fn raised_condition(hub: &TestHub) -> Option<(String, String, String)> {
+    let bundle: Bundle = hub.get(Some(WS), "app").expect("the Bundle");
+    let status = bundle.status.unwrap_or_default();
+    conditions::find_condition(&status.conditions, conditions::TYPE_POLLING_INTERVAL)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_interval_below_the_floor_is_raised_and_reported() {
+    let repo = Repo::start(&["0.1.0"]).await;
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    let mut spec = polling_spec(&repo, "^0.1");
+    spec["pollingInterval"] = json!("5s"); // Fleet's own tests use 5s
+    hub.bundle("app", spec);
+    hub.take_writes();
+
+    let action = hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 1);
+    assert_eq!(
+        writes_by_manager(&hub),
+        [poll_write()],
+        "one write, both conditions"
+    );
+    let next = format!("{action:?}");
+    assert!(
+        next.contains("requeue_after: Some(1"),
+        "the floor, 15 s: {next}"
+    );
+    let (status, why, message) = raised_condition(&hub).expect("PollingInterval");
+    assert_eq!(
+        (status.as_str(), why.as_str()),
+        ("False", reason::POLLING_INTERVAL_RAISED)
+    );
+    assert_eq!(
+        message,
+        "pollingInterval 5s is below the hub's floor of 15s: the hub looks every 15s"
+    );
+    assert_eq!(recorded(&hub).0.as_deref(), Some("0.1.0"), "it polls");
+
+    // Looks come at the floor's pace, not every 5 s.
+    tokio::time::advance(Duration::from_secs(6)).await;
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 0, "5 s later: no look");
+    tokio::time::advance(Duration::from_secs(10)).await;
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 1, "16 s after the first: one look");
+    assert_eq!(
+        writes_by_manager(&hub),
+        Vec::<String>::new(),
+        "nothing new: idle"
+    );
+
+    // The Bundle controller's own status apply leaves the condition alone.
+    hub.reconcile_bundle("app").await;
+    assert!(raised_condition(&hub).is_some());
+
+    // At or above the floor the condition goes.
+    hub.edit::<Bundle>(Some(WS), "app", |b| {
+        b["spec"]["pollingInterval"] = "15s".into()
+    });
+    hub.take_writes();
+    hub.reconcile_poll("app").await;
+    assert_eq!(writes_by_manager(&hub), [poll_write()]);
+    assert_eq!(raised_condition(&hub), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_means_no_polling_as_in_fleet() {
+    let repo = Repo::start(&["0.1.0"]).await;
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    let mut spec = polling_spec(&repo, "^0.1");
+    spec["pollingInterval"] = json!("0");
+    hub.bundle("app", spec);
+    hub.take_writes();
+
+    let action = hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 0, "never looked at");
+    assert_eq!(writes_by_manager(&hub), Vec::<String>::new());
+    assert!(
+        format!("{action:?}").contains("requeue_after: None"),
+        "no interval: {action:?}"
+    );
+    assert_eq!(recorded(&hub), (None, None));
+    assert_eq!(raised_condition(&hub), None);
+
+    // The Bundle does not wait for a poller: the range goes out, as without pollingInterval.
+    hub.reconcile_bundle("app").await;
+    assert_eq!(deployed_version(&hub, "one").as_deref(), Some("^0.1"));
+}
