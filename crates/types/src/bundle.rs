@@ -45,7 +45,11 @@ use crate::schema::{
     )
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = crate::helm::fleet_only_helm_fields)]
+#[schemars(transform = crate::fleet_only::bundle_spec)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!(has(self.namespace) && has(self.targetNamespace))",
+    "message": "spec.namespace (Fleet's name) and spec.targetNamespace mean the same thing: set one of them"
+}]))]
 pub struct BundleSpec {
     /// Which clusters receive this Bundle. Each cluster is matched by the first target that selects it; a cluster no target selects gets nothing. A target may set several of clusterName, clusterSelector, clusterGroup and clusterGroupSelector: all must hold (clusterGroup and clusterGroupSelector for the same group), as in Fleet; a target that sets none selects nothing. No targets: no cluster (Fleet's Bundle; a HelmOp without targets gets Fleet's default target).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -61,6 +65,11 @@ pub struct BundleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
     pub target_namespace: Option<String>,
+
+    /// Fleet's name for targetNamespace (Fleet's Bundle has no other): the same meaning; set one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub namespace: Option<String>,
 
     /// Fan-out: copies and namespaced manifests go to every namespace listed here (created if missing), in addition to those targetNamespaceSelector matches. Overrides targetNamespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -225,6 +234,11 @@ impl BundleSpec {
 /// One way of selecting clusters, with optional overrides for the clusters it selects.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::fleet_only::target)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!(has(self.namespace) && has(self.targetNamespace))",
+    "message": "spec.targets[].namespace (Fleet's name) and spec.targets[].targetNamespace mean the same thing: set one of them"
+}]))]
 /// As in Fleet, a target may set several of clusterName, clusterSelector, clusterGroup and
 /// clusterGroupSelector (all must hold) or none (it selects nothing): see
 /// [`crate::targeting::criteria_select`].
@@ -256,6 +270,11 @@ pub struct BundleTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
     pub target_namespace: Option<String>,
+
+    /// Fleet's name for this target's targetNamespace: the same meaning; set one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub namespace: Option<String>,
 
     /// Overrides the Bundle's defaultNamespace for the clusters of this target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -407,6 +426,7 @@ impl std::fmt::Display for SourceKind {
 /// Drift correction settings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::fleet_only::correct_drift)]
 pub struct CorrectDrift {
     /// Re-apply deployed objects that were changed or deleted downstream. Defaults to true.
     #[serde(default = "default_true")]

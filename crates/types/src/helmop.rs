@@ -11,10 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::bundle::{BundleDisplay, BundleSpec, BundleSummary, BundleTarget, CorrectDrift};
 use crate::customize::merge_by_key;
-use crate::helm::{HelmOptions, RELEASE, fleet_only_helm_fields};
+use crate::helm::HelmOptions;
 use crate::schema::{
     DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, Unsupported, conditions_list_map, kind_name_list_map,
-    refuse_fields,
 };
 use crate::{DownstreamResource, SourceKind};
 
@@ -97,7 +96,7 @@ pub struct HelmOpSpec {
 
     /// Which clusters receive the chart. Each cluster is matched by the first target that selects it. A target may set several of clusterName, clusterSelector, clusterGroup and clusterGroupSelector (all must hold, as in Fleet). No targets: Fleet's default target, the ClusterGroup `default` of this namespace (see docs/migrating-from-fleet.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 100), transform = fleet_only_target_fields)]
+    #[schemars(length(max = 100))]
     pub targets: Vec<BundleTarget>,
 
     /// Namespace for rendered objects that do not set one (the release namespace when namespace is unset). Defaults to `default`.
@@ -126,7 +125,6 @@ pub struct HelmOpSpec {
 
     /// Drift correction for deployed objects; absent means enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(transform = fleet_only_correct_drift_fields)]
     pub correct_drift: Option<CorrectDrift>,
 
     /// Stop rolling out changes; what is already deployed stays.
@@ -287,104 +285,19 @@ fn bundle_labels_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// Fleet's HelmOp fields tender does not implement, refused at admission with the reason.
-/// Structural pruning would otherwise drop them silently.
+/// Fleet's HelmOp fields tender does not implement beyond the Bundle's
+/// ([`crate::fleet_only`]), refused at admission with the reason.
 const FLEET_ONLY_SPEC: &[Unsupported] = &[
-    Unsupported::present(
-        "targetCustomizationMode",
-        "string",
-        "the first matching target always wins",
-    ),
     Unsupported::present(
         "serviceAccount",
         "string",
         "the agent deploys with its own identity",
     ),
-    Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
-    Unsupported::present(
-        "forceSyncGeneration",
-        "integer",
-        "not needed: any change of spec or of a copied source redeploys",
-    ),
-    Unsupported::present("ignore", "object", "conditions cannot be ignored"),
-    Unsupported::when_true(
-        "deleteNamespace",
-        "namespaces the agent creates are never deleted",
-    ),
-    Unsupported::when_true(
-        "deleteCRDResources",
-        "CRDs are deleted like any other object unless keepResources",
-    ),
-    Unsupported::present("yaml", "object", "GitOps-only"),
-    Unsupported::present("kustomize", "object", "GitOps-only"),
     Unsupported::present("resources", "array", "inline manifests go in a Bundle"),
 ];
 
-/// Fleet's per-target options tender does not implement.
-const FLEET_ONLY_TARGET: &[Unsupported] = &[
-    Unsupported::present(
-        "namespace",
-        "string",
-        "tender's per-target name is targetNamespace",
-    ),
-    Unsupported::present(
-        "serviceAccount",
-        "string",
-        "the agent deploys with its own identity",
-    ),
-    Unsupported::present(
-        "correctDrift",
-        "object",
-        "set correctDrift for the whole HelmOp",
-    ),
-    Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
-    Unsupported::present(
-        "forceSyncGeneration",
-        "integer",
-        "not needed: any change of spec or of a copied source redeploys",
-    ),
-    Unsupported::when_true(
-        "deleteNamespace",
-        "namespaces the agent creates are never deleted",
-    ),
-    Unsupported::when_true(
-        "deleteCRDResources",
-        "CRDs are deleted like any other object unless keepResources",
-    ),
-    Unsupported::present(
-        "diff",
-        "object",
-        "drift is judged on the fields tender sets",
-    ),
-    Unsupported::present("ignore", "object", "conditions cannot be ignored"),
-    Unsupported::present("yaml", "object", "GitOps-only"),
-    Unsupported::present("kustomize", "object", "GitOps-only"),
-];
-
-/// Fleet's drift options that describe Helm rollbacks.
-const FLEET_ONLY_CORRECT_DRIFT: &[Unsupported] = &[
-    Unsupported::when_true(
-        "force",
-        "drift is corrected by applying the object again, never by a Helm rollback",
-    ),
-    Unsupported::when_true("keepFailHistory", RELEASE),
-];
-
 fn fleet_only_spec_fields(schema: &mut Schema) {
-    refuse_fields(schema, "spec", FLEET_ONLY_SPEC);
-    fleet_only_helm_fields(schema);
-}
-
-fn fleet_only_target_fields(schema: &mut Schema) {
-    if let Some(items) = schema.get_mut("items") {
-        let mut s = Schema::try_from(items.take()).expect("targets[] is an object schema");
-        refuse_fields(&mut s, "spec.targets[]", FLEET_ONLY_TARGET);
-        *items = s.to_value();
-    }
-}
-
-fn fleet_only_correct_drift_fields(schema: &mut Schema) {
-    refuse_fields(schema, "spec.correctDrift", FLEET_ONLY_CORRECT_DRIFT);
+    crate::fleet_only::helmop_spec(schema, FLEET_ONLY_SPEC);
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod copy;
 pub mod customize;
 pub mod diff;
 pub mod digest;
+mod fleet_only;
 pub mod gate;
 pub mod hash;
 pub mod helm;

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 /// the earlier ones are ready and have soaked. Without it every cluster gets a change at once.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::fleet_only::rollout_strategy)]
 pub struct RolloutStrategy {
     /// Clusters of a wave that may be unavailable (not ready at the new deployment) while the wave still counts as done: a number or a percentage of the wave, rounded up. Default 0 (Fleet: 100%).
     #[serde(default, skip_serializing_if = "Option::is_none")]

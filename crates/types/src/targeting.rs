@@ -142,10 +142,13 @@ pub struct Match {
 /// Applies a target's overrides to the Bundle's options.
 pub fn resolve_target(spec: &BundleSpec, target: &BundleTarget) -> ResolvedTarget {
     ResolvedTarget {
+        // Fleet's `namespace` is the same field as tender's `targetNamespace` (one of each).
         target_namespace: target
             .target_namespace
             .clone()
-            .or_else(|| spec.target_namespace.clone()),
+            .or_else(|| target.namespace.clone())
+            .or_else(|| spec.target_namespace.clone())
+            .or_else(|| spec.namespace.clone()),
         default_namespace: target
             .default_namespace
             .clone()
@@ -794,5 +797,27 @@ mod tests {
         assert_eq!(resolved.default_namespace.as_deref(), Some("d2"));
         assert!(resolved.downstream_resources.is_empty());
         assert!(resolved.keep_resources);
+    }
+
+    #[test]
+    fn fleets_namespace_is_target_namespace() {
+        let fleet = |v: serde_json::Value| -> BundleSpec { serde_json::from_value(v).unwrap() };
+        let spec = fleet(serde_json::json!({"namespace": "app", "targets": [
+            {"clusterName": "a"},
+            {"clusterName": "b", "namespace": "b-app"},
+            {"clusterName": "c", "targetNamespace": "c-app"}
+        ]}));
+        let ns = |i: usize| resolve_target(&spec, &spec.targets[i]).target_namespace;
+        assert_eq!(ns(0).as_deref(), Some("app"));
+        assert_eq!(ns(1).as_deref(), Some("b-app"));
+        assert_eq!(ns(2).as_deref(), Some("c-app"));
+        let tender =
+            fleet(serde_json::json!({"targetNamespace": "t", "targets": [{"clusterName": "a"}]}));
+        assert_eq!(
+            resolve_target(&tender, &tender.targets[0])
+                .target_namespace
+                .as_deref(),
+            Some("t")
+        );
     }
 }
