@@ -399,13 +399,20 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
     // pollingInterval 5s: admitted, polled at the hub's floor and said so on the HelmOp; 0s: no
     // polling at all, as in Fleet.
     let helmops = Api::<HelmOp>::namespaced(ws.hub.clone(), &ws.ns);
-    let raised = eventually("helmop-polling-5s: PollingInterval condition", WAIT, || async {
-        let h = helmops.get("helmop-polling-5s").await?;
-        Ok::<_, kube::Error>(h.status.and_then(|s| {
-            let c = s.conditions.into_iter().find(|c| c.type_ == "PollingInterval")?;
-            Some((c.status, c.reason, s.version))
-        }))
-    })
+    let raised = eventually(
+        "helmop-polling-5s: PollingInterval condition",
+        WAIT,
+        || async {
+            let h = helmops.get("helmop-polling-5s").await?;
+            Ok::<_, kube::Error>(h.status.and_then(|s| {
+                let c = s
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "PollingInterval")?;
+                Some((c.status, c.reason, s.version))
+            }))
+        },
+    )
     .await;
     assert_eq!(
         raised,
@@ -421,7 +428,9 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
         .map(|s| s.conditions.into_iter().map(|c| c.type_).collect())
         .unwrap_or_default();
     assert!(
-        !types.iter().any(|t| t == "Polled" || t == "PollingInterval"),
+        !types
+            .iter()
+            .any(|t| t == "Polled" || t == "PollingInterval"),
         "0s polls nothing: {types:?}"
     );
 
