@@ -9,13 +9,9 @@ use schemars::Schema;
 
 use crate::schema::{Unsupported, refuse_fields};
 
-/// Spec fields of Fleet's Bundle (and so of its HelmOp, which inlines the Bundle's spec).
-const SPEC: &[Unsupported] = &[
-    Unsupported::unless(
-        "targetCustomizationMode",
-        "FirstMatch",
-        "the first matching target always wins",
-    ),
+/// Fields of Fleet's Bundle spec that its targets have too (and so a HelmOp's, which inlines
+/// the Bundle's spec).
+const SPEC_AND_TARGET: &[Unsupported] = &[
     Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
     Unsupported::present(
         "forceSyncGeneration",
@@ -45,6 +41,16 @@ const SPEC: &[Unsupported] = &[
         "allowedTargetNamespaceSelector",
         "object",
         "Fleet copies it from a GitRepoRestriction, and tender has no GitRepo",
+    ),
+    Unsupported::present("overwrites", "array", "Fleet sets it internally"),
+];
+
+/// Fields of Fleet's Bundle spec only.
+const SPEC: &[Unsupported] = &[
+    Unsupported::unless(
+        "targetCustomizationMode",
+        "FirstMatch",
+        "the first matching target always wins",
     ),
     Unsupported::present(
         "targetRestrictions",
@@ -61,7 +67,6 @@ const SPEC: &[Unsupported] = &[
         "object",
         "Fleet's HelmOp controller writes it: write a HelmOp, or set helm.helmSecretName and helm.insecureSkipTLSVerify",
     ),
-    Unsupported::present("overwrites", "array", "Fleet sets it internally"),
     Unsupported::present(
         "valuesHash",
         "string",
@@ -69,7 +74,7 @@ const SPEC: &[Unsupported] = &[
     ),
 ];
 
-/// Per-target fields of Fleet's Bundle and HelmOp targets.
+/// Fields of Fleet's targets only.
 const TARGET: &[Unsupported] = &[
     Unsupported::present(
         "serviceAccount",
@@ -81,38 +86,7 @@ const TARGET: &[Unsupported] = &[
         "object",
         "set correctDrift for the whole Bundle or HelmOp",
     ),
-    Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
-    Unsupported::present(
-        "forceSyncGeneration",
-        "integer",
-        "not needed: any change of spec or of a copied source redeploys",
-    ),
-    Unsupported::when_true(
-        "deleteNamespace",
-        "namespaces the agent creates are never deleted",
-    ),
-    Unsupported::when_true(
-        "deleteCRDResources",
-        "CRDs are deleted like any other object unless keepResources",
-    ),
     Unsupported::present("diff", "object", "set diff for the whole Bundle or HelmOp"),
-    Unsupported::present("ignore", "object", "conditions cannot be ignored"),
-    Unsupported::present(
-        "yaml",
-        "object",
-        "tender applies no overlays: put the patched manifests in resources",
-    ),
-    Unsupported::present(
-        "kustomize",
-        "object",
-        "tender does not run kustomize: put the rendered manifests in resources",
-    ),
-    Unsupported::present(
-        "allowedTargetNamespaceSelector",
-        "object",
-        "Fleet copies it from a GitRepoRestriction, and tender has no GitRepo",
-    ),
-    Unsupported::present("overwrites", "array", "Fleet sets it internally"),
 ];
 
 /// Fleet's drift options that describe Helm rollbacks.
@@ -133,6 +107,7 @@ const ROLLOUT: &[Unsupported] = &[Unsupported::ignored(
 
 /// `spec` of a Bundle: Fleet's fields and its `helm` release options.
 pub(crate) fn bundle_spec(schema: &mut Schema) {
+    refuse_fields(schema, "spec", SPEC_AND_TARGET);
     refuse_fields(schema, "spec", SPEC);
     crate::helm::fleet_only_helm_fields(schema);
 }
@@ -145,6 +120,7 @@ pub(crate) fn helmop_spec(schema: &mut Schema, extra: &[Unsupported]) {
 
 /// `targets[]` of a Bundle or HelmOp.
 pub(crate) fn target(schema: &mut Schema) {
+    refuse_fields(schema, "spec.targets[]", SPEC_AND_TARGET);
     refuse_fields(schema, "spec.targets[]", TARGET);
 }
 

@@ -78,7 +78,7 @@ const FIXTURES: &[(&str, Expect)] = &[
         "e2e-multi-cluster-helmop-multi-field-target.yaml",
         Expect::DeploysOn {
             release: "multi-field",
-            namespace: "default",
+            namespace: "@NS@-fields",
             on: &["east"],
         },
     ),
