@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tender_types::conditions::reason;
 use tender_types::rollout::{OnFailure, PartitionStatus, RolloutStrategy, scaled};
-use tender_types::targeting::{ClusterInfo, Criteria, GroupInfo, criteria_select};
+use tender_types::targeting::{ClusterInfo, Criteria, GroupInfo, TargetingError, criteria_select};
 
 use crate::summary::DeploymentState;
 
@@ -196,7 +196,9 @@ pub fn waves(
             if taken[c] {
                 continue;
             }
-            let selects = partition_selects(p, cluster, groups).map_err(|e| invalid(&e))?;
+            let selects = partition_selects(p, cluster, groups).map_err(|e| {
+                invalid(&e.into_targeting(|source| TargetingError::Partition { index: i, source }))
+            })?;
             if selects {
                 taken[c] = true;
                 members.push(c);
