@@ -22,7 +22,7 @@ use tender_types::{Bundle, BundleStatus, SourceKind, hash, labels};
 
 use crate::Error;
 use crate::context::Ctx;
-use crate::helm_poll::{self, Credentials, PollReport};
+use crate::helm_poll::{self, Credentials, PollReport, Resolution};
 
 const CONTROLLER: &str = "poll";
 
@@ -47,9 +47,14 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, pc: Arc<PollCtx>) -> Result<A
     if bundle.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let polling = helm_poll::polling(&bundle.spec);
-    let report = match polling {
-        Some((interval, helm)) => Some(look(ctx, &bundle, interval, helm).await),
+    let resolution = helm_poll::resolution(&bundle);
+    let report = match resolution {
+        Some(Resolution::Every(interval, helm)) => Some(look(ctx, &bundle, interval, helm).await),
+        // Resolved for this spec already: nothing to look at until the spec changes.
+        Some(Resolution::Once(_)) if resolved_for_this_spec(&bundle) => {
+            return Ok(Action::await_change());
+        }
+        Some(Resolution::Once(helm)) => Some(look(ctx, &bundle, ONCE_RETRY, helm).await),
         None => None,
     };
     // Decide on the cache as it is now: the trigger's snapshot may predate our last write.
@@ -69,9 +74,29 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, pc: Arc<PollCtx>) -> Result<A
     if old != new {
         write(&pc.exec, ctx, bundle, &new).await?;
     }
-    Ok(polling.map_or_else(Action::await_change, |(interval, _)| {
-        Action::requeue(helm_poll::jittered(interval))
-    }))
+    Ok(match resolution {
+        Some(Resolution::Every(interval, _)) => Action::requeue(helm_poll::jittered(interval)),
+        // A failed look is tried again; a found version stands until the spec changes.
+        Some(Resolution::Once(_)) if !new.polled.as_ref().is_some_and(|c| c.status == "True") => {
+            Action::requeue(helm_poll::jittered(ONCE_RETRY))
+        }
+        _ => Action::await_change(),
+    })
+}
+
+/// How soon a failed look of a once-per-spec resolution is tried again (and how fresh a
+/// shared look must be to answer it).
+const ONCE_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the poller found a version for the Bundle's current generation.
+fn resolved_for_this_spec(bundle: &Bundle) -> bool {
+    bundle.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == TYPE_POLLED
+                && c.status == "True"
+                && c.observed_generation == bundle.metadata.generation
+        })
+    })
 }
 
 pub(crate) fn error_policy(bundle: Arc<Bundle>, error: &Error, pc: Arc<PollCtx>) -> Action {

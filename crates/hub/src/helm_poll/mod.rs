@@ -67,6 +67,34 @@ pub fn polling(spec: &BundleSpec) -> Option<(Duration, &HelmOptions)> {
     (!exact).then_some((interval, helm))
 }
 
+/// How the hub resolves a Bundle's chart version range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Resolution<'a> {
+    /// Every interval: `pollingInterval` ([`polling`]).
+    Every(Duration, &'a HelmOptions),
+    /// Once per spec: a HelmOp's Bundle without polling (no `pollingInterval`, or `0`) whose
+    /// version is a range or empty. Fleet's HelmOp controller resolves such a version on the
+    /// hub whenever the HelmOp changes (`handleVersion`), so every cluster gets the same one.
+    Once(&'a HelmOptions),
+}
+
+/// How the hub resolves `bundle`'s chart version, if it does: on its interval, or once per
+/// spec for a HelmOp's Bundle (Fleet's rule); `None` for a Bundle of its own without
+/// `pollingInterval` (its agents resolve a range when they render, as Fleet's agents do).
+pub fn resolution(bundle: &tender_types::Bundle) -> Option<Resolution<'_>> {
+    if let Some((interval, helm)) = polling(&bundle.spec) {
+        return Some(Resolution::Every(interval, helm));
+    }
+    let helm = bundle.spec.helm.as_ref()?;
+    let a_helmops = bundle
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(tender_types::labels::HELMOP));
+    let exact = helm.version.as_deref().is_some_and(chart_version::is_exact);
+    (a_helmops && !exact).then_some(Resolution::Once(helm))
+}
+
 /// Where the chart is looked up, for messages: the repository URL without user info (or the
 /// `oci://` reference) and the chart.
 pub fn source(helm: &HelmOptions) -> String {

@@ -476,3 +476,84 @@ async fn zero_means_no_polling_as_in_fleet() {
     hub.reconcile_bundle("app").await;
     assert_eq!(deployed_version(&hub, "one").as_deref(), Some("^0.1"));
 }
+
+/// HelmOp `app`: chart `app` of `repo` in `range`, no pollingInterval, to the prod clusters.
+fn helmop_without_polling(repo: &Repo, range: &str) -> Value {
+    json!({
+        "helm": {"chart": "app", "repo": repo.url, "version": range, "releaseName": "app"},
+        "targets": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}],
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_helmops_range_without_polling_is_resolved_once_per_spec_as_in_fleet() {
+    let repo = Repo::start(&["0.1.0"]).await;
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    hub.helmop("app", helmop_without_polling(&repo, "^0.1"));
+    hub.reconcile_helmop("app").await;
+    hub.take_writes();
+
+    // The Bundle waits for the one look, which records the version for this spec.
+    hub.reconcile_bundle("app").await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(
+        deployed_version(&hub, "one"),
+        None,
+        "not handed out unresolved"
+    );
+    hub.take_writes(); // the Bundle's finalizer and status
+    let action = hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 1);
+    assert_eq!(writes_by_manager(&hub), [poll_write()]);
+    assert!(
+        format!("{action:?}").contains("requeue_after: None"),
+        "{action:?}"
+    );
+    assert_eq!(
+        recorded(&hub),
+        (
+            Some("0.1.0".into()),
+            Some(("True".into(), reason::VERSION_RESOLVED.into(), Some(1)))
+        )
+    );
+    assert_eq!(raised_condition(&hub), None);
+    hub.reconcile_bundle("app").await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(deployed_version(&hub, "one").as_deref(), Some("0.1.0"));
+    hub.take_writes();
+
+    // A newer version in the range is not followed: no polling.
+    repo.publish("0.1.1");
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 0, "resolved for this spec: no look");
+    assert_eq!(writes_by_manager(&hub), Vec::<String>::new());
+
+    // A new spec is resolved again (Fleet: when the HelmOp's chart changes).
+    hub.edit::<HelmOp>(Some(WS), "app", |h| {
+        h["spec"]["helm"]["version"] = "~0.1".into()
+    });
+    hub.reconcile_helmop("app").await;
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 1);
+    assert_eq!(recorded(&hub).0.as_deref(), Some("0.1.1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bundles_range_without_polling_is_left_to_the_agents_as_in_fleet() {
+    let repo = Repo::start(&["0.1.0"]).await;
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    let mut spec = polling_spec(&repo, "^0.1");
+    spec.as_object_mut()
+        .expect("object")
+        .remove("pollingInterval");
+    hub.bundle("app", spec);
+    hub.take_writes();
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 0);
+    assert_eq!(writes_by_manager(&hub), Vec::<String>::new());
+    hub.reconcile_bundle("app").await;
+    assert_eq!(deployed_version(&hub, "one").as_deref(), Some("^0.1"));
+}
