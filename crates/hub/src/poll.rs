@@ -77,7 +77,7 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, pc: Arc<PollCtx>) -> Result<A
     Ok(match resolution {
         Some(Resolution::Every(interval, _)) => Action::requeue(helm_poll::jittered(interval)),
         // A failed look is tried again; a found version stands until the spec changes.
-        Some(Resolution::Once(_)) if !new.polled.as_ref().is_some_and(|c| c.status == "True") => {
+        Some(Resolution::Once(_)) if new.polled.as_ref().is_none_or(|c| c.status != "True") => {
             Action::requeue(helm_poll::jittered(ONCE_RETRY))
         }
         _ => Action::await_change(),
