@@ -27,8 +27,9 @@ pub const TYPE_ROLLED_BACK: &str = "RolledBack";
 /// Condition reasons.
 /// Bundle: whether every targeted cluster published every `upstreamResources` entry.
 pub const TYPE_UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
-/// A Bundle or HelmOp with `pollingInterval`: whether the hub's last look at the chart
-/// repository found a version for `helm.version` (which one, from where).
+/// A Bundle or HelmOp with `pollingInterval` (or a HelmOp's range without it, looked at once
+/// per spec): whether the hub's last look at the chart repository found a version for
+/// `helm.version` (which one, from where).
 pub const TYPE_POLLED: &str = "Polled";
 /// A Bundle or HelmOp whose `pollingInterval` is below the hub's floor: `False` (reason
 /// PollingIntervalRaised) while the hub looks at the floor's pace instead; absent otherwise.

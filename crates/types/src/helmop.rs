@@ -131,7 +131,7 @@ pub struct HelmOpSpec {
     #[serde(default)]
     pub paused: bool,
 
-    /// How often the hub looks for a newer chart version matching `helm.version` (a range, or empty: the latest stable) and rolls it out: a Go duration as Fleet accepts it (`5s`, `1h30m`); `0` (or absent) means no polling, as in Fleet. The hub looks at most every 15s: a shorter interval is raised to that and reported (`PollingInterval=False`, reason PollingIntervalRaised). An exact version is never polled. The version found is in `status.version`. See docs/helm.md#polling.
+    /// How often the hub looks for a newer chart version matching `helm.version` (a range, or empty: the latest stable) and rolls it out: a Go duration as Fleet accepts it (`5s`, `1h30m`); `0` (or absent) means no polling, as in Fleet: a range is then resolved once per spec by the hub (Fleet's rule). The hub looks at most every 15s: a shorter interval is raised to that and reported (`PollingInterval=False`, reason PollingIntervalRaised). An exact version is never polled. The version found is in `status.version`. See docs/helm.md#polling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::bundle::polling_interval_schema")]
     pub polling_interval: Option<String>,
