@@ -17,12 +17,12 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tender_runtime::executor::{Apply, Fingerprint, ObjectKey, Op};
 use tender_runtime::{Executor, retry};
-use tender_types::conditions::TYPE_POLLED;
+use tender_types::conditions::{TYPE_POLLED, TYPE_POLLING_INTERVAL};
 use tender_types::{Bundle, BundleStatus, SourceKind, hash, labels};
 
 use crate::Error;
 use crate::context::Ctx;
-use crate::helm_poll::{self, Credentials, PollReport};
+use crate::helm_poll::{self, Credentials, PollReport, Resolution};
 
 const CONTROLLER: &str = "poll";
 
@@ -47,9 +47,14 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, pc: Arc<PollCtx>) -> Result<A
     if bundle.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let polling = helm_poll::polling(&bundle.spec);
-    let report = match polling {
-        Some((interval, helm)) => Some(look(ctx, &bundle, interval, helm).await),
+    let resolution = helm_poll::resolution(&bundle);
+    let report = match resolution {
+        Some(Resolution::Every(interval, helm)) => Some(look(ctx, &bundle, interval, helm).await),
+        // Resolved for this spec already: nothing to look at until the spec changes.
+        Some(Resolution::Once(_)) if resolved_for_this_spec(&bundle) => {
+            return Ok(Action::await_change());
+        }
+        Some(Resolution::Once(helm)) => Some(look(ctx, &bundle, ONCE_RETRY, helm).await),
         None => None,
     };
     // Decide on the cache as it is now: the trigger's snapshot may predate our last write.
@@ -62,15 +67,36 @@ pub(crate) async fn reconcile(bundle: Arc<Bundle>, pc: Arc<PollCtx>) -> Result<A
     let new = desired(
         bundle.status.as_ref(),
         report.as_ref(),
+        helm_poll::raised(&bundle.spec),
         bundle.metadata.generation,
         Time(ctx.clock.now()),
     );
     if old != new {
         write(&pc.exec, ctx, bundle, &new).await?;
     }
-    Ok(polling.map_or_else(Action::await_change, |(interval, _)| {
-        Action::requeue(helm_poll::jittered(interval))
-    }))
+    Ok(match resolution {
+        Some(Resolution::Every(interval, _)) => Action::requeue(helm_poll::jittered(interval)),
+        // A failed look is tried again; a found version stands until the spec changes.
+        Some(Resolution::Once(_)) if new.polled.as_ref().is_none_or(|c| c.status != "True") => {
+            Action::requeue(helm_poll::jittered(ONCE_RETRY))
+        }
+        _ => Action::await_change(),
+    })
+}
+
+/// How soon a failed look of a once-per-spec resolution is tried again (and how fresh a
+/// shared look must be to answer it).
+const ONCE_RETRY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the poller found a version for the Bundle's current generation.
+fn resolved_for_this_spec(bundle: &Bundle) -> bool {
+    bundle.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == TYPE_POLLED
+                && c.status == "True"
+                && c.observed_generation == bundle.metadata.generation
+        })
+    })
 }
 
 pub(crate) fn error_policy(bundle: Arc<Bundle>, error: &Error, pc: Arc<PollCtx>) -> Action {
@@ -83,11 +109,13 @@ pub(crate) fn error_policy(bundle: Arc<Bundle>, error: &Error, pc: Arc<PollCtx>)
     )
 }
 
-/// The fields the poller owns: `status.version` and the `Polled` condition.
+/// The fields the poller owns: `status.version`, the `Polled` condition and the
+/// `PollingInterval` condition (only while the interval is raised to the hub's floor).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Recorded {
     pub version: Option<String>,
     pub polled: Option<Condition>,
+    pub raised: Option<Condition>,
 }
 
 /// What `status` holds of the poller's fields.
@@ -100,18 +128,27 @@ pub(crate) fn recorded(status: Option<&BundleStatus>) -> Recorded {
                 .find(|c| c.type_ == TYPE_POLLED)
                 .cloned()
         }),
+        raised: status.and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == TYPE_POLLING_INTERVAL)
+                .cloned()
+        }),
     }
 }
 
-/// The poller's fields after `report` (none without polling). Pure.
+/// The poller's fields after `report` (none without polling) and with the interval `raised`
+/// to the hub's floor, if it is. Pure.
 pub(crate) fn desired(
     status: Option<&BundleStatus>,
     report: Option<&PollReport>,
+    raised: Option<(&str, std::time::Duration)>,
     generation: Option<i64>,
     now: Time,
 ) -> Recorded {
     let mut s = status.cloned().unwrap_or_default();
-    helm_poll::set_status(&mut s, report, generation, now);
+    helm_poll::set_status(&mut s, report, generation, now.clone());
+    helm_poll::set_raised(&mut s, raised, generation, now);
     recorded(Some(&s))
 }
 
@@ -191,8 +228,9 @@ fn status_op(bundle: &Bundle, new: &Recorded) -> Op {
     if let Some(v) = &new.version {
         status.insert("version".into(), serde_json::json!(v));
     }
-    if let Some(c) = &new.polled {
-        status.insert("conditions".into(), serde_json::json!([c]));
+    let conditions: Vec<&Condition> = new.polled.iter().chain(&new.raised).collect();
+    if !conditions.is_empty() {
+        status.insert("conditions".into(), serde_json::json!(conditions));
     }
     let body = serde_json::json!({
         "apiVersion": tender_types::API_GROUP_VERSION,
@@ -244,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_new_version_is_recorded_and_an_unchanged_one_is_not() {
-        let first = desired(None, Some(&report("0.1.0")), Some(2), at(10));
+        let first = desired(None, Some(&report("0.1.0")), None, Some(2), at(10));
         assert_eq!(first.version.as_deref(), Some("0.1.0"));
         let status = BundleStatus {
             version: first.version.clone(),
@@ -252,11 +290,11 @@ mod tests {
             ..BundleStatus::default()
         };
         assert_eq!(
-            desired(Some(&status), Some(&report("0.1.0")), Some(2), at(20)),
+            desired(Some(&status), Some(&report("0.1.0")), None, Some(2), at(20)),
             recorded(Some(&status)),
             "nothing new: nothing to write"
         );
-        let next = desired(Some(&status), Some(&report("0.1.1")), Some(2), at(30));
+        let next = desired(Some(&status), Some(&report("0.1.1")), None, Some(2), at(30));
         assert_eq!(next.version.as_deref(), Some("0.1.1"));
         assert_eq!(next.polled.unwrap().last_transition_time, at(30));
     }
@@ -265,13 +303,13 @@ mod tests {
     fn a_bundle_that_stops_polling_loses_both_fields() {
         let status = BundleStatus {
             version: Some("0.1.0".into()),
-            conditions: desired(None, Some(&report("0.1.0")), Some(1), at(1))
+            conditions: desired(None, Some(&report("0.1.0")), None, Some(1), at(1))
                 .polled
                 .into_iter()
                 .collect(),
             ..BundleStatus::default()
         };
-        let none = desired(Some(&status), None, Some(2), at(2));
+        let none = desired(Some(&status), None, None, Some(2), at(2));
         assert_eq!(none, Recorded::default());
         let Op::ApplyStatus(apply) = status_op(&bundle(Some(status)), &none) else {
             panic!("a status apply");
@@ -285,7 +323,7 @@ mod tests {
 
     #[test]
     fn the_apply_holds_only_the_pollers_fields() {
-        let new = desired(None, Some(&report("0.2.0")), Some(2), at(5));
+        let new = desired(None, Some(&report("0.2.0")), None, Some(2), at(5));
         let Op::ApplyStatus(apply) = status_op(&bundle(None), &new) else {
             panic!("a status apply");
         };

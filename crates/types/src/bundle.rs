@@ -45,9 +45,13 @@ use crate::schema::{
     )
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(transform = crate::helm::fleet_only_helm_fields)]
+#[schemars(transform = crate::fleet_only::bundle_spec)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!(has(self.namespace) && has(self.targetNamespace))",
+    "message": "spec.namespace (Fleet's name) and spec.targetNamespace mean the same thing: set one of them"
+}]))]
 pub struct BundleSpec {
-    /// Which clusters receive this Bundle. Each cluster is matched by the first target that selects it; a cluster no target selects gets nothing.
+    /// Which clusters receive this Bundle. Each cluster is matched by the first target that selects it; a cluster no target selects gets nothing. A target may set several of clusterName, clusterSelector, clusterGroup and clusterGroupSelector: all must hold (clusterGroup and clusterGroupSelector for the same group), as in Fleet; a target that sets none selects nothing. No targets: no cluster (Fleet's Bundle; a HelmOp without targets gets Fleet's default target).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 100))]
     pub targets: Vec<BundleTarget>,
@@ -61,6 +65,11 @@ pub struct BundleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
     pub target_namespace: Option<String>,
+
+    /// Fleet's name for targetNamespace (Fleet's Bundle has no other): the same meaning; set one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub namespace: Option<String>,
 
     /// Fan-out: copies and namespaced manifests go to every namespace listed here (created if missing), in addition to those targetNamespaceSelector matches. Overrides targetNamespace.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -121,12 +130,9 @@ pub struct BundleSpec {
     #[schemars(length(min = 3, max = 317), regex(pattern = SERVICE_ACCOUNT_PATTERN))]
     pub service_account: Option<String>,
 
-    /// With a `helm` chart whose version is a range (or empty: the latest stable), how often the hub looks for a newer matching version in the repository's index or the registry's tags (a Go duration, at least 15s). The hub records it in `status.version` and deploys that exact version to every cluster. An exact version is never polled. See docs/helm.md#polling.
+    /// With a `helm` chart whose version is a range (or empty: the latest stable), how often the hub looks for a newer matching version in the repository's index or the registry's tags: a Go duration as Fleet accepts it (`5s`, `1h30m`); `0` (or absent) means no polling. The hub looks at most every 15s: a shorter interval is raised to that and reported (`PollingInterval=False`, reason PollingIntervalRaised). The hub records the version in `status.version` and deploys that exact version to every cluster. An exact version is never polled. See docs/helm.md#polling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 2, max = 32), regex(pattern = POLLING_INTERVAL_PATTERN), extend("x-kubernetes-validations" = [{
-        "rule": "duration(self) >= duration('15s')",
-        "message": "pollingInterval must be at least 15s"
-    }]))]
+    #[schemars(schema_with = "crate::bundle::polling_interval_schema")]
     pub polling_interval: Option<String>,
 
     /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
@@ -201,8 +207,19 @@ impl BundleRef {
     }
 }
 
-/// A Go duration (`30s`, `5m`, `1h30m`).
-pub(crate) const POLLING_INTERVAL_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$";
+/// `pollingInterval` as Fleet's HelmOp CRD declares it: `0`, or a Go duration of at most
+/// 2562047h (Fleet's rule and message, verbatim).
+pub(crate) fn polling_interval_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 32,
+        "x-kubernetes-validations": [{
+            "rule": "self == '0' || (self.matches('^([0-9]+([.][0-9]+)?(ns|us|µs|ms|s|m|h))+$') && duration(self) <= duration('2562047h'))",
+            "message": "pollingInterval must be 0 or a valid Go duration using units ns, us, µs, ms, s, m, h (e.g. 15s, 5m, 2h, 1h30m); units like d (days) or w (weeks) are not supported"
+        }]
+    })
+}
 
 /// `<namespace>/<name>`: a DNS label, a slash and a DNS subdomain.
 const SERVICE_ACCOUNT_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
@@ -217,10 +234,14 @@ impl BundleSpec {
 /// One way of selecting clusters, with optional overrides for the clusters it selects.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::fleet_only::target)]
 #[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "[has(self.clusterName), has(self.clusterSelector), has(self.clusterGroup), has(self.clusterGroupSelector)].filter(x, x).size() == 1",
-    "message": "targets[] must set exactly one of clusterName, clusterSelector, clusterGroup or clusterGroupSelector"
+    "rule": "!(has(self.namespace) && has(self.targetNamespace))",
+    "message": "spec.targets[].namespace (Fleet's name) and spec.targets[].targetNamespace mean the same thing: set one of them"
 }]))]
+/// As in Fleet, a target may set several of clusterName, clusterSelector, clusterGroup and
+/// clusterGroupSelector (all must hold) or none (it selects nothing): see
+/// [`crate::targeting::criteria_select`].
 pub struct BundleTarget {
     /// Optional name of this target, for status and messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -249,6 +270,11 @@ pub struct BundleTarget {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
     pub target_namespace: Option<String>,
+
+    /// Fleet's name for this target's targetNamespace: the same meaning; set one of the two.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63), regex(pattern = DNS_LABEL_PATTERN))]
+    pub namespace: Option<String>,
 
     /// Overrides the Bundle's defaultNamespace for the clusters of this target.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -400,6 +426,7 @@ impl std::fmt::Display for SourceKind {
 /// Drift correction settings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::fleet_only::correct_drift)]
 pub struct CorrectDrift {
     /// Re-apply deployed objects that were changed or deleted downstream. Defaults to true.
     #[serde(default = "default_true")]

@@ -155,9 +155,18 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
     (total.is_finite() && total < 1e9).then(|| Duration::from_secs_f64(total))
 }
 
-/// The interval a `pollingInterval` asks for, never below [`MIN_POLLING_INTERVAL`].
+/// The interval a `pollingInterval` asks for, never below [`MIN_POLLING_INTERVAL`]; `None`
+/// for `0` (any zero duration: no polling, as in Fleet) and for what is not a duration.
 pub fn polling_interval(text: &str) -> Option<Duration> {
-    parse_duration(text).map(|d| d.max(MIN_POLLING_INTERVAL))
+    parse_duration(text)
+        .filter(|d| !d.is_zero())
+        .map(|d| d.max(MIN_POLLING_INTERVAL))
+}
+
+/// The interval a `pollingInterval` asks for when the hub raises it to
+/// [`MIN_POLLING_INTERVAL`] (above zero and below the floor); `None` otherwise.
+pub fn raised_polling_interval(text: &str) -> Option<Duration> {
+    parse_duration(text).filter(|d| !d.is_zero() && *d < MIN_POLLING_INTERVAL)
 }
 
 #[cfg(test)]
@@ -232,6 +241,12 @@ mod tests {
             assert_eq!(parse_duration(bad), None, "{bad}");
         }
         assert_eq!(polling_interval("1s"), Some(MIN_POLLING_INTERVAL));
+        assert_eq!(polling_interval("0"), None, "Fleet's 0: no polling");
+        assert_eq!(polling_interval("0s"), None);
+        assert_eq!(raised_polling_interval("5s"), Some(Duration::from_secs(5)));
+        assert_eq!(raised_polling_interval("15s"), None);
+        assert_eq!(raised_polling_interval("0"), None);
+        assert_eq!(polling_interval("1.5µs"), Some(MIN_POLLING_INTERVAL));
         assert_eq!(polling_interval("2m"), Some(Duration::from_secs(120)));
     }
 

@@ -27,9 +27,13 @@ pub const TYPE_ROLLED_BACK: &str = "RolledBack";
 /// Condition reasons.
 /// Bundle: whether every targeted cluster published every `upstreamResources` entry.
 pub const TYPE_UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
-/// A Bundle or HelmOp with `pollingInterval`: whether the hub's last look at the chart
-/// repository found a version for `helm.version` (which one, from where).
+/// A Bundle or HelmOp with `pollingInterval` (or a HelmOp's range without it, looked at once
+/// per spec): whether the hub's last look at the chart repository found a version for
+/// `helm.version` (which one, from where).
 pub const TYPE_POLLED: &str = "Polled";
+/// A Bundle or HelmOp whose `pollingInterval` is below the hub's floor: `False` (reason
+/// PollingIntervalRaised) while the hub looks at the floor's pace instead; absent otherwise.
+pub const TYPE_POLLING_INTERVAL: &str = "PollingInterval";
 /// BundleDeployment of a chart with `helm.insecureSkipTLSVerify`: `False` (reason
 /// InsecureSkipTLSVerify) while the agent fetches the chart without verifying TLS; absent
 /// otherwise. It does not change `Ready`.
@@ -61,6 +65,9 @@ pub mod reason {
     pub const UPSTREAM_PUBLISHED: &str = "UpstreamPublished";
     /// `Polled=True`: the hub resolved `helm.version` against the repository.
     pub const VERSION_RESOLVED: &str = "VersionResolved";
+    /// `PollingInterval=False`: `pollingInterval` asks for less than the hub's floor (15s);
+    /// the hub looks every 15s instead.
+    pub const POLLING_INTERVAL_RAISED: &str = "PollingIntervalRaised";
     /// Some entry has not been reported by its cluster's agent yet.
     pub const UPSTREAM_PENDING: &str = "UpstreamPending";
     /// Some downstream object does not exist (its publication was removed).

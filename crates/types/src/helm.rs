@@ -32,6 +32,11 @@ const FLEET_ONLY_HELM: &[Unsupported] = &[
         "skipSchemaValidation",
         "values are always checked against the chart's values.schema.json",
     ),
+    Unsupported::ignored(
+        "disableDependencyUpdate",
+        "boolean",
+        "tender never runs helm dependency update: a chart's subcharts are the ones packed in it, as with true",
+    ),
 ];
 
 /// Declares Fleet's release-only `helm` options on a `helm` object schema (`spec.targets[].helm`)

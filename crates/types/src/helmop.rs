@@ -11,10 +11,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::bundle::{BundleDisplay, BundleSpec, BundleSummary, BundleTarget, CorrectDrift};
 use crate::customize::merge_by_key;
-use crate::helm::{HelmOptions, RELEASE, fleet_only_helm_fields};
+use crate::helm::HelmOptions;
 use crate::schema::{
     DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN, Unsupported, conditions_list_map, kind_name_list_map,
-    refuse_fields,
 };
 use crate::{DownstreamResource, SourceKind};
 
@@ -99,9 +98,9 @@ pub struct HelmOpSpec {
     #[schemars(schema_with = "bundle_labels_schema")]
     pub labels: BTreeMap<String, String>,
 
-    /// Which clusters receive the chart. Each cluster is matched by the first target that selects it. Unlike Fleet, a target sets exactly one of clusterName, clusterSelector, clusterGroup or clusterGroupSelector.
+    /// Which clusters receive the chart. Each cluster is matched by the first target that selects it. A target may set several of clusterName, clusterSelector, clusterGroup and clusterGroupSelector (all must hold, as in Fleet). No targets: Fleet's default target, the ClusterGroup `default` of this namespace (see docs/migrating-from-fleet.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 100), transform = fleet_only_target_fields)]
+    #[schemars(length(max = 100))]
     pub targets: Vec<BundleTarget>,
 
     /// Namespace for rendered objects that do not set one (the release namespace when namespace is unset). Defaults to `default`.
@@ -130,19 +129,15 @@ pub struct HelmOpSpec {
 
     /// Drift correction for deployed objects; absent means enabled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(transform = fleet_only_correct_drift_fields)]
     pub correct_drift: Option<CorrectDrift>,
 
     /// Stop rolling out changes; what is already deployed stays.
     #[serde(default)]
     pub paused: bool,
 
-    /// How often the hub looks for a newer chart version matching `helm.version` (a range, or empty: the latest stable) and rolls it out: a Go duration, at least 15s. An exact version is never polled. The version found is in `status.version`. See docs/helm.md#polling.
+    /// How often the hub looks for a newer chart version matching `helm.version` (a range, or empty: the latest stable) and rolls it out: a Go duration as Fleet accepts it (`5s`, `1h30m`); `0` (or absent) means no polling, as in Fleet: a range is then resolved once per spec by the hub (Fleet's rule). The hub looks at most every 15s: a shorter interval is raised to that and reported (`PollingInterval=False`, reason PollingIntervalRaised). An exact version is never polled. The version found is in `status.version`. See docs/helm.md#polling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 2, max = 32), regex(pattern = crate::bundle::POLLING_INTERVAL_PATTERN), extend("x-kubernetes-validations" = [{
-        "rule": "duration(self) >= duration('15s')",
-        "message": "pollingInterval must be at least 15s"
-    }]))]
+    #[schemars(schema_with = "crate::bundle::polling_interval_schema")]
     pub polling_interval: Option<String>,
 
     /// Fleet's `diff`: `comparePatches` lists fields of deployed objects that another field manager owns (an HPA's `spec.replicas`); tender neither applies them nor corrects them as drift. See docs/helm.md#comparepatches.
@@ -198,6 +193,9 @@ impl HelmOpSpec {
                 }
             }
         }
+        if targets.is_empty() {
+            targets.push(default_target());
+        }
         BundleSpec {
             targets,
             default_namespace: self.default_namespace.clone(),
@@ -218,6 +216,19 @@ impl HelmOpSpec {
             rollout_strategy: self.rollout_strategy.clone(),
             ..BundleSpec::default()
         }
+    }
+}
+
+/// The target Fleet's HelmOp controller gives a HelmOp without targets: the ClusterGroup
+/// `default` of its namespace (Fleet's `calculateBundle`). Neither Fleet's controller nor
+/// tender creates that group; Fleet's bootstrap creates one in `fleet-local` only.
+pub const DEFAULT_TARGET_GROUP: &str = "default";
+
+fn default_target() -> BundleTarget {
+    BundleTarget {
+        name: Some(DEFAULT_TARGET_GROUP.to_string()),
+        cluster_group: Some(DEFAULT_TARGET_GROUP.to_string()),
+        ..BundleTarget::default()
     }
 }
 
@@ -278,104 +289,19 @@ fn bundle_labels_schema(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// Fleet's HelmOp fields tender does not implement, refused at admission with the reason.
-/// Structural pruning would otherwise drop them silently.
+/// Fleet's HelmOp fields tender does not implement beyond the Bundle's
+/// ([`crate::fleet_only`]), refused at admission with the reason.
 const FLEET_ONLY_SPEC: &[Unsupported] = &[
-    Unsupported::present(
-        "targetCustomizationMode",
-        "string",
-        "the first matching target always wins",
-    ),
     Unsupported::present(
         "serviceAccount",
         "string",
         "the agent deploys with its own identity",
     ),
-    Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
-    Unsupported::present(
-        "forceSyncGeneration",
-        "integer",
-        "not needed: any change of spec or of a copied source redeploys",
-    ),
-    Unsupported::present("ignore", "object", "conditions cannot be ignored"),
-    Unsupported::when_true(
-        "deleteNamespace",
-        "namespaces the agent creates are never deleted",
-    ),
-    Unsupported::when_true(
-        "deleteCRDResources",
-        "CRDs are deleted like any other object unless keepResources",
-    ),
-    Unsupported::present("yaml", "object", "GitOps-only"),
-    Unsupported::present("kustomize", "object", "GitOps-only"),
     Unsupported::present("resources", "array", "inline manifests go in a Bundle"),
 ];
 
-/// Fleet's per-target options tender does not implement.
-const FLEET_ONLY_TARGET: &[Unsupported] = &[
-    Unsupported::present(
-        "namespace",
-        "string",
-        "tender's per-target name is targetNamespace",
-    ),
-    Unsupported::present(
-        "serviceAccount",
-        "string",
-        "the agent deploys with its own identity",
-    ),
-    Unsupported::present(
-        "correctDrift",
-        "object",
-        "set correctDrift for the whole HelmOp",
-    ),
-    Unsupported::when_false("createNamespace", "the agent always creates the namespace"),
-    Unsupported::present(
-        "forceSyncGeneration",
-        "integer",
-        "not needed: any change of spec or of a copied source redeploys",
-    ),
-    Unsupported::when_true(
-        "deleteNamespace",
-        "namespaces the agent creates are never deleted",
-    ),
-    Unsupported::when_true(
-        "deleteCRDResources",
-        "CRDs are deleted like any other object unless keepResources",
-    ),
-    Unsupported::present(
-        "diff",
-        "object",
-        "drift is judged on the fields tender sets",
-    ),
-    Unsupported::present("ignore", "object", "conditions cannot be ignored"),
-    Unsupported::present("yaml", "object", "GitOps-only"),
-    Unsupported::present("kustomize", "object", "GitOps-only"),
-];
-
-/// Fleet's drift options that describe Helm rollbacks.
-const FLEET_ONLY_CORRECT_DRIFT: &[Unsupported] = &[
-    Unsupported::when_true(
-        "force",
-        "drift is corrected by applying the object again, never by a Helm rollback",
-    ),
-    Unsupported::when_true("keepFailHistory", RELEASE),
-];
-
 fn fleet_only_spec_fields(schema: &mut Schema) {
-    refuse_fields(schema, "spec", FLEET_ONLY_SPEC);
-    fleet_only_helm_fields(schema);
-}
-
-fn fleet_only_target_fields(schema: &mut Schema) {
-    if let Some(items) = schema.get_mut("items") {
-        let mut s = Schema::try_from(items.take()).expect("targets[] is an object schema");
-        refuse_fields(&mut s, "spec.targets[]", FLEET_ONLY_TARGET);
-        *items = s.to_value();
-    }
-}
-
-fn fleet_only_correct_drift_fields(schema: &mut Schema) {
-    refuse_fields(schema, "spec.correctDrift", FLEET_ONLY_CORRECT_DRIFT);
+    crate::fleet_only::helmop_spec(schema, FLEET_ONLY_SPEC);
 }
 
 #[cfg(test)]
@@ -417,6 +343,23 @@ mod tests {
             spec(json!({"helm": {"chart": "app", "repo": "https://c"}, "targetNamespace": "x"}));
         assert_eq!(t.bundle_spec().target_namespace.as_deref(), Some("x"));
         assert!(!t.bundle_spec().helm.unwrap().insecure_skip_tls_verify);
+    }
+
+    #[test]
+    fn without_targets_the_bundle_targets_the_default_group_as_in_fleet() {
+        let h = spec(json!({"helm": {"chart": "app", "repo": "https://c"}}));
+        let b = h.bundle_spec();
+        assert_eq!(b.targets.len(), 1);
+        assert_eq!(b.targets[0].name.as_deref(), Some("default"));
+        assert_eq!(b.targets[0].cluster_group.as_deref(), Some("default"));
+        assert!(b.targets[0].cluster_selector.is_none() && b.targets[0].cluster_name.is_none());
+        let with = spec(json!({"helm": {"chart": "app", "repo": "https://c"},
+                               "targets": [{"clusterName": "a"}]}));
+        assert_eq!(
+            with.bundle_spec().targets,
+            with.targets,
+            "targets given: no default"
+        );
     }
 
     #[test]
@@ -493,7 +436,7 @@ mod tests {
             "spec.helm.atomic: true is not supported by tender",
             "spec.targets[].helm.atomic: true is not supported by tender",
             "spec.correctDrift.force: true is not supported by tender",
-            "exactly one of clusterName",
+            "pollingInterval must be 0 or a valid Go duration",
         ] {
             assert!(text.contains(needle), "{needle}");
         }

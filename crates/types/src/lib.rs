@@ -14,6 +14,7 @@ pub mod copy;
 pub mod customize;
 pub mod diff;
 pub mod digest;
+mod fleet_only;
 pub mod gate;
 pub mod hash;
 pub mod helm;
@@ -111,8 +112,8 @@ mod tests {
         let bundle = serde_json::to_string(&crds()[2]).unwrap();
         for needle in [
             "!has(self.__namespace__)",
-            "exactly one of clusterName",
             "or a file with content (Fleet's {name, content, encoding})",
+            "pollingInterval must be 0 or a valid Go duration",
             r#""x-kubernetes-list-map-keys":["kind","name"]"#,
             r#""x-kubernetes-list-map-keys":["type"]"#,
             "metadata.name of a Bundle must be a DNS label",

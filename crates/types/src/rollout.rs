@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 /// the earlier ones are ready and have soaked. Without it every cluster gets a change at once.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = crate::fleet_only::rollout_strategy)]
 pub struct RolloutStrategy {
     /// Clusters of a wave that may be unavailable (not ready at the new deployment) while the wave still counts as done: a number or a percentage of the wave, rounded up. Default 0 (Fleet: 100%).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -23,6 +24,10 @@ pub struct RolloutStrategy {
     /// Without `partitions`: the size of each automatic wave, a number or a percentage of the targeted clusters, rounded up and at least 1. Unset: one wave below 200 clusters, 25% from 200 on (Fleet's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_partition_size: Option<IntOrString>,
+
+    /// Without `partitions`: below this many targeted clusters there is one wave, whatever `autoPartitionSize` says; `0` or less: always one wave (Fleet's field and rule). Unset: `autoPartitionSize` applies at any count, and without it automatic waves start at 200 clusters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_partition_threshold: Option<i32>,
 
     /// The waves, in order. A cluster belongs to the first partition that selects it; clusters no partition selects form a last wave of their own (Fleet never deploys them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -59,13 +64,10 @@ pub enum OnFailure {
     Rollback,
 }
 
-/// One wave: the clusters it selects (one selector, as in a target).
+/// One wave: the clusters it selects, with a target's selector fields and their meaning (Fleet's:
+/// every field set must hold; none set selects nothing).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": "[has(self.clusterName), has(self.clusterSelector), has(self.clusterGroup), has(self.clusterGroupSelector)].filter(x, x).size() == 1",
-    "message": "partitions[] must set exactly one of clusterName, clusterSelector, clusterGroup or clusterGroupSelector"
-}]))]
 pub struct Partition {
     /// Name of the wave, for status.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -55,6 +55,10 @@ pub(crate) enum Refuse {
     True,
     /// When it is `false` (`true` is what tender does anyway).
     False,
+    /// When it is a string other than this one (what tender does anyway).
+    Unless(&'static str),
+    /// Never: accepted, with no effect in tender (the field's `why` says what tender does).
+    Never,
 }
 
 /// A field of another tool's API (Fleet's) that tender declares only to refuse it with a
@@ -91,6 +95,26 @@ impl Unsupported {
         }
     }
 
+    /// A string refused unless it is `value` (Fleet's default, what tender does).
+    pub(crate) const fn unless(name: &'static str, value: &'static str, why: &'static str) -> Self {
+        Self {
+            name,
+            ty: "string",
+            refuse: Refuse::Unless(value),
+            why,
+        }
+    }
+
+    /// Accepted and declared, with no effect in tender (`why` says why that is the truth).
+    pub(crate) const fn ignored(name: &'static str, ty: &'static str, why: &'static str) -> Self {
+        Self {
+            name,
+            ty,
+            refuse: Refuse::Never,
+            why,
+        }
+    }
+
     /// A boolean refused when `false`.
     pub(crate) const fn when_false(name: &'static str, why: &'static str) -> Self {
         Self {
@@ -108,7 +132,17 @@ pub(crate) fn refuse_fields(schema: &mut Schema, path: &str, fields: &[Unsupport
     let mut rules = Vec::new();
     if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
         for f in fields {
-            let description = format!("Not supported by tender: {}.", f.why);
+            let description = match f.refuse {
+                Refuse::Never => format!(
+                    "Fleet's field, accepted with no effect in tender: {}.",
+                    f.why
+                ),
+                Refuse::Unless(v) => format!(
+                    "Fleet's field; only `{v}` is supported by tender: {}.",
+                    f.why
+                ),
+                _ => format!("Not supported by tender: {}.", f.why),
+            };
             let decl = match f.ty {
                 "object" => {
                     json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true, "description": description})
@@ -129,6 +163,11 @@ pub(crate) fn refuse_fields(schema: &mut Schema, path: &str, fields: &[Unsupport
             props.insert(f.name.to_string(), decl);
             let name = f.name;
             let (rule, value) = match f.refuse {
+                Refuse::Never => continue,
+                Refuse::Unless(v) => (
+                    format!("!has(self.{name}) || self.{name} == '{v}'"),
+                    format!(" other than {v}"),
+                ),
                 Refuse::Present => (format!("!has(self.{name})"), String::new()),
                 Refuse::True => (
                     format!("!has(self.{name}) || !self.{name}"),

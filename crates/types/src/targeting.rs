@@ -7,10 +7,12 @@
 //! - `clusterSelector` selects Clusters whose labels match; `{}` selects every Cluster.
 //! - `clusterGroup` selects the Clusters of the named group; a missing group selects nothing.
 //! - `clusterGroupSelector` selects the Clusters of every group whose labels match; `{}`
-//!   selects the Clusters of every group.
+//!   selects the Clusters of every group (and those in no group, see below).
 //! - A group's `selector` matches Cluster labels; `{}` matches every Cluster.
-//! - An absent criterion does not select anything on its own. If a target sets several (the
-//!   CRD forbids it, but old objects may), all must hold.
+//! - A target may set several of these (as in Fleet): all must hold, and `clusterGroup` with
+//!   `clusterGroupSelector` must hold for the same group. A target that sets none selects
+//!   nothing. A cluster in no group is judged as in one group with no name and no labels
+//!   (Fleet's rule), so `clusterGroupSelector: {}` selects it too. See [`criteria_select`].
 //! - Paused clusters are matched like any other: pausing is the hub's concern.
 //! - A cluster whose first matching target has `doNotDeploy` is not matched at all (Fleet's
 //!   rule): no later target selects it.
@@ -61,6 +63,14 @@ pub enum TargetingError {
     #[error("targets[{index}]: {source}")]
     Target {
         /// Index of the target in `spec.targets`.
+        index: usize,
+        /// What is wrong.
+        source: SelectorError,
+    },
+    /// A rollout partition's own selector is invalid.
+    #[error("rolloutStrategy.partitions[{index}]: {source}")]
+    Partition {
+        /// Index of the partition in `spec.rolloutStrategy.partitions`.
         index: usize,
         /// What is wrong.
         source: SelectorError,
@@ -132,10 +142,13 @@ pub struct Match {
 /// Applies a target's overrides to the Bundle's options.
 pub fn resolve_target(spec: &BundleSpec, target: &BundleTarget) -> ResolvedTarget {
     ResolvedTarget {
+        // Fleet's `namespace` is the same field as tender's `targetNamespace` (one of each).
         target_namespace: target
             .target_namespace
             .clone()
-            .or_else(|| spec.target_namespace.clone()),
+            .or_else(|| target.namespace.clone())
+            .or_else(|| spec.target_namespace.clone())
+            .or_else(|| spec.namespace.clone()),
         default_namespace: target
             .default_namespace
             .clone()
@@ -203,53 +216,147 @@ fn target_selects(
     cluster: &ClusterInfo<'_>,
     groups: &[GroupInfo<'_>],
 ) -> Result<bool, TargetingError> {
-    let target_err = |source| TargetingError::Target { index, source };
-    let group_selects = |group: &GroupInfo<'_>| {
-        selector_matches(group.selector, cluster.labels).map_err(|source| TargetingError::Group {
-            group: group.name.to_string(),
+    criteria_select(&Criteria::of_target(target), cluster, groups)
+        .map_err(|e| e.into_targeting(|source| TargetingError::Target { index, source }))
+}
+
+/// The selector fields of a target or of a rollout partition.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Criteria<'a> {
+    /// `clusterName`.
+    pub cluster_name: Option<&'a str>,
+    /// `clusterSelector`.
+    pub cluster_selector: Option<&'a LabelSelector>,
+    /// `clusterGroup`.
+    pub cluster_group: Option<&'a str>,
+    /// `clusterGroupSelector`.
+    pub cluster_group_selector: Option<&'a LabelSelector>,
+}
+
+impl<'a> Criteria<'a> {
+    /// The selector fields of a Bundle target.
+    pub fn of_target(t: &'a BundleTarget) -> Self {
+        Self {
+            cluster_name: t.cluster_name.as_deref(),
+            cluster_selector: t.cluster_selector.as_ref(),
+            cluster_group: t.cluster_group.as_deref(),
+            cluster_group_selector: t.cluster_group_selector.as_ref(),
+        }
+    }
+
+    /// The selector fields of a rollout partition.
+    pub fn of_partition(p: &'a crate::rollout::Partition) -> Self {
+        Self {
+            cluster_name: p.cluster_name.as_deref(),
+            cluster_selector: p.cluster_selector.as_ref(),
+            cluster_group: p.cluster_group.as_deref(),
+            cluster_group_selector: p.cluster_group_selector.as_ref(),
+        }
+    }
+
+    /// Whether no field is set (such a target or partition selects nothing).
+    pub fn is_empty(&self) -> bool {
+        self.cluster_name.is_none()
+            && self.cluster_selector.is_none()
+            && self.cluster_group.is_none()
+            && self.cluster_group_selector.is_none()
+    }
+}
+
+/// Why [`criteria_select`] could not decide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CriteriaError {
+    /// The target's (or partition's) own selector is invalid.
+    Own(SelectorError),
+    /// A ClusterGroup's selector is invalid.
+    Group {
+        /// Name of the group.
+        group: String,
+        /// What is wrong.
+        source: SelectorError,
+    },
+}
+
+impl CriteriaError {
+    /// As a [`TargetingError`], the caller saying whose own selector it was.
+    pub fn into_targeting(
+        self,
+        own: impl FnOnce(SelectorError) -> TargetingError,
+    ) -> TargetingError {
+        match self {
+            Self::Own(source) => own(source),
+            Self::Group { group, source } => TargetingError::Group { group, source },
+        }
+    }
+}
+
+impl std::fmt::Display for CriteriaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Own(source) => write!(f, "{source}"),
+            Self::Group { group, source } => write!(f, "ClusterGroup {group}: {source}"),
+        }
+    }
+}
+
+/// Whether `criteria` select `cluster`: Fleet's matcher (`ClusterMatcher`). Every field that
+/// is set must hold (an AND); with none set nothing is selected. `clusterName` and
+/// `clusterSelector` look at the cluster; `clusterGroup` and `clusterGroupSelector` must both
+/// hold for one and the same group the cluster is in (a group whose selector matches its
+/// labels). A cluster in no group is judged as in one group with no name and no labels, as
+/// Fleet does: `clusterGroupSelector: {}` (or one only of `DoesNotExist`/`NotIn`) selects it,
+/// `clusterGroup` never does.
+pub fn criteria_select(
+    criteria: &Criteria<'_>,
+    cluster: &ClusterInfo<'_>,
+    groups: &[GroupInfo<'_>],
+) -> Result<bool, CriteriaError> {
+    if criteria.is_empty() {
+        return Ok(false);
+    }
+    if criteria.cluster_name.is_some_and(|n| n != cluster.name) {
+        return Ok(false);
+    }
+    if let Some(s) = criteria.cluster_selector
+        && !selector_matches(s, cluster.labels).map_err(CriteriaError::Own)?
+    {
+        return Ok(false);
+    }
+    if criteria.cluster_group.is_none() && criteria.cluster_group_selector.is_none() {
+        return Ok(true);
+    }
+    let member = |g: &GroupInfo<'_>| {
+        selector_matches(g.selector, cluster.labels).map_err(|source| CriteriaError::Group {
+            group: g.name.to_string(),
             source,
         })
     };
-
-    let mut any = false;
-    if let Some(name) = &target.cluster_name {
-        any = true;
-        if name != cluster.name {
+    let group_fields_hold = |name: &str, labels: &BTreeMap<String, String>| {
+        if criteria.cluster_group.is_some_and(|g| g != name) {
+            return Ok(false);
+        }
+        match criteria.cluster_group_selector {
+            Some(s) => selector_matches(s, labels).map_err(CriteriaError::Own),
+            None => Ok(true),
+        }
+    };
+    // Only the groups the fields accept are asked whether the cluster is a member, so an
+    // invalid selector of an unrelated group does not fail this target.
+    for g in groups {
+        if group_fields_hold(g.name, g.labels)? && member(g)? {
+            return Ok(true);
+        }
+    }
+    if !group_fields_hold("", &BTreeMap::new())? {
+        return Ok(false);
+    }
+    // The fields would accept "no group": they hold when the cluster is in none.
+    for g in groups {
+        if member(g)? {
             return Ok(false);
         }
     }
-    if let Some(selector) = &target.cluster_selector {
-        any = true;
-        if !selector_matches(selector, cluster.labels).map_err(target_err)? {
-            return Ok(false);
-        }
-    }
-    if let Some(group_name) = &target.cluster_group {
-        any = true;
-        let mut selected = false;
-        for group in groups.iter().filter(|g| g.name == group_name) {
-            selected |= group_selects(group)?;
-        }
-        if !selected {
-            return Ok(false);
-        }
-    }
-    if let Some(group_selector) = &target.cluster_group_selector {
-        any = true;
-        let mut selected = false;
-        for group in groups {
-            if selector_matches(group_selector, group.labels).map_err(target_err)?
-                && group_selects(group)?
-            {
-                selected = true;
-                break;
-            }
-        }
-        if !selected {
-            return Ok(false);
-        }
-    }
-    Ok(any)
+    Ok(true)
 }
 
 /// Whether `labels` satisfy `selector` (all matchLabels and all matchExpressions).
@@ -500,6 +607,90 @@ mod tests {
         );
     }
 
+    fn target(v: serde_json::Value) -> BundleTarget {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn several_fields_must_all_hold() {
+        let w = World::new();
+        let got = w
+            .run(vec![target(serde_json::json!({
+                "clusterSelector": {"matchLabels": {"env": "prod"}},
+                "clusterGroup": "east"
+            }))])
+            .unwrap();
+        assert_eq!(names(&got), ["east"]);
+        let got = w
+            .run(vec![target(serde_json::json!({
+                "clusterName": "west", "clusterSelector": {"matchLabels": {"env": "dev"}}
+            }))])
+            .unwrap();
+        assert!(got.is_empty(), "name and selector disagree: nothing");
+        let got = w
+            .run(vec![target(serde_json::json!({
+                "clusterName": "dev", "clusterGroupSelector": {}
+            }))])
+            .unwrap();
+        assert_eq!(names(&got), ["dev"]);
+    }
+
+    #[test]
+    fn group_name_and_group_selector_hold_for_the_same_group() {
+        // east is in prod (tier gold), east (tier gold) and all (no labels).
+        let w = World::new();
+        let same = w
+            .run(vec![target(serde_json::json!({
+                "clusterGroup": "east", "clusterGroupSelector": {"matchLabels": {"tier": "gold"}}
+            }))])
+            .unwrap();
+        assert_eq!(names(&same), ["east"]);
+        let different = w
+            .run(vec![target(serde_json::json!({
+                "clusterGroup": "all", "clusterGroupSelector": {"matchLabels": {"tier": "gold"}}
+            }))])
+            .unwrap();
+        assert!(
+            different.is_empty(),
+            "group all has no tier label: Fleet matches per group, not per field"
+        );
+    }
+
+    #[test]
+    fn a_cluster_in_no_group_is_judged_as_in_an_unnamed_unlabelled_one() {
+        let w = World {
+            groups: vec![(
+                "prod".into(),
+                labels(&[("tier", "gold")]),
+                match_labels(&[("env", "prod")]),
+            )],
+            ..World::new()
+        };
+        let any = w
+            .run(vec![target(
+                serde_json::json!({"clusterGroupSelector": {}}),
+            )])
+            .unwrap();
+        assert_eq!(names(&any), ["east", "west", "dev"], "Fleet's rule");
+        let not_gold = w
+            .run(vec![target(serde_json::json!({"clusterGroupSelector": {
+                "matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["gold"]}]
+            }}))])
+            .unwrap();
+        assert_eq!(names(&not_gold), ["dev"]);
+        let gold = w
+            .run(vec![target(
+                serde_json::json!({"clusterGroupSelector": {"matchLabels": {"tier": "gold"}}}),
+            )])
+            .unwrap();
+        assert_eq!(names(&gold), ["east", "west"]);
+        assert_eq!(
+            names(&w.run(vec![by_group("prod")]).unwrap()),
+            ["east", "west"],
+            "clusterGroup never selects a cluster in no group"
+        );
+    }
+
     #[test]
     fn named_group_and_missing_group() {
         assert_eq!(
@@ -606,5 +797,27 @@ mod tests {
         assert_eq!(resolved.default_namespace.as_deref(), Some("d2"));
         assert!(resolved.downstream_resources.is_empty());
         assert!(resolved.keep_resources);
+    }
+
+    #[test]
+    fn fleets_namespace_is_target_namespace() {
+        let fleet = |v: serde_json::Value| -> BundleSpec { serde_json::from_value(v).unwrap() };
+        let spec = fleet(serde_json::json!({"namespace": "app", "targets": [
+            {"clusterName": "a"},
+            {"clusterName": "b", "namespace": "b-app"},
+            {"clusterName": "c", "targetNamespace": "c-app"}
+        ]}));
+        let ns = |i: usize| resolve_target(&spec, &spec.targets[i]).target_namespace;
+        assert_eq!(ns(0).as_deref(), Some("app"));
+        assert_eq!(ns(1).as_deref(), Some("b-app"));
+        assert_eq!(ns(2).as_deref(), Some("c-app"));
+        let tender =
+            fleet(serde_json::json!({"targetNamespace": "t", "targets": [{"clusterName": "a"}]}));
+        assert_eq!(
+            resolve_target(&tender, &tender.targets[0])
+                .target_namespace
+                .as_deref(),
+            Some("t")
+        );
     }
 }

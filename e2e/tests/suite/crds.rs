@@ -9,9 +9,9 @@ use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use tender_e2e::{HUB, crds::install_crds, shared_env, unique_name};
 
 /// The fixtures in `crates/types/tests/fixtures/valid`: every one must be accepted.
-const VALID_FIXTURES: usize = 17;
+const VALID_FIXTURES: usize = 20;
 /// The fixtures in `crates/types/tests/fixtures/invalid`: every one must be rejected.
-const INVALID_FIXTURES: usize = 47;
+const INVALID_FIXTURES: usize = 48;
 
 /// Every fixture of `kind` (`valid` or `invalid`) with its text, sorted by path. Fails when the
 /// directory holds anything that is not a `.yaml` fixture, so none is silently skipped.

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tender_e2e::charts::{Route, RouteRepo, package_chart};
 use tender_e2e::fixture::{WAIT, Workspace};
 use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
-use tender_types::{Bundle, Cluster, HelmOp};
+use tender_types::{Bundle, Cluster, ClusterGroup, HelmOp};
 
 /// What applying a fixture must do.
 #[derive(Clone, Copy, Debug)]
@@ -36,6 +36,14 @@ enum Expect {
         data: &'static str,
     },
     /// Accepted; no target selects a cluster (Fleet's page omits targets).
+    /// Deployed on the clusters `on` only (`local` and/or `east`), the chart's `<release>-values`
+    /// ConfigMap in `namespace`; the other cluster gets no BundleDeployment.
+    DeploysOn {
+        release: &'static str,
+        namespace: &'static str,
+        on: &'static [&'static str],
+    },
+    /// Accepted; no target selects a cluster.
     Accepted,
     /// Accepted; the BundleDeployments carry the chart in tender's form (`chart: oci://…`).
     OciNormalised,
@@ -48,7 +56,40 @@ const NS: &str = "@NS@";
 
 /// Every fixture and its outcome (the migration guide's table says the same).
 const FIXTURES: &[(&str, Expect)] = &[
-    ("docs-helm-ops.yaml", Expect::Accepted),
+    // No targets: Fleet's default target, the namespace's ClusterGroup `default` (here, as
+    // Fleet's bootstrap group, the cluster `local`).
+    (
+        "docs-helm-ops.yaml",
+        Expect::DeploysOn {
+            release: "my-fantastic-chart",
+            namespace: "that-amazing-namespace",
+            on: &["local"],
+        },
+    ),
+    (
+        "e2e-helmop-polling-5s.yaml",
+        Expect::DeploysOn {
+            release: "testhelm",
+            namespace: NS,
+            on: &["local"],
+        },
+    ),
+    (
+        "e2e-helmop-polling-0.yaml",
+        Expect::DeploysOn {
+            release: "testhelm",
+            namespace: "@NS@-zero",
+            on: &["local"],
+        },
+    ),
+    (
+        "e2e-multi-cluster-helmop-multi-field-target.yaml",
+        Expect::DeploysOn {
+            release: "multi-field",
+            namespace: "@NS@-fields",
+            on: &["east"],
+        },
+    ),
     (
         "docs-helm-ops-absolute-url.yaml",
         Expect::Deploys {
@@ -281,6 +322,15 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
         ws.downstream(&downstream_name(2)).await,
     ];
     let ns = unique_name("fleet-conf");
+    // Fleet's bootstrap ClusterGroup `default` selects its local cluster.
+    let groups = Api::<ClusterGroup>::namespaced(ws.hub.clone(), &ws.ns);
+    let group: ClusterGroup = serde_json::from_value(json!({
+        "apiVersion": "tender.dev/v1alpha1", "kind": "ClusterGroup",
+        "metadata": {"name": "default"},
+        "spec": {"selector": {"matchLabels": {"env": "dev"}}}
+    }))
+    .unwrap();
+    groups.create(&Default::default(), &group).await.unwrap();
 
     for (file, expect) in FIXTURES {
         let mut obj = fixture(file, &repo.url, &ns);
@@ -303,6 +353,25 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
             }
             Expect::Accepted => {
                 applied.unwrap_or_else(|e| panic!("{file}: {e}"));
+            }
+            Expect::DeploysOn {
+                release,
+                namespace,
+                on,
+            } => {
+                applied.unwrap_or_else(|e| panic!("{file}: {e}"));
+                let target_ns = namespace.replace(NS, &ns);
+                for (c, down) in ["local", "east"].into_iter().zip(&downs) {
+                    if on.contains(&c) {
+                        wait_applied(&ws, c, &name, file).await;
+                        values_seen(down, &target_ns, release).await;
+                    } else {
+                        assert!(
+                            ws.bds(c).get_opt(&name).await.unwrap().is_none(),
+                            "{file}: {c} is not targeted"
+                        );
+                    }
+                }
             }
             Expect::OciNormalised => {
                 applied.unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -373,6 +442,44 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
             Some("a manifest file")
         );
     }
+    // pollingInterval 5s: admitted, polled at the hub's floor and said so on the HelmOp.
+    let helmops = Api::<HelmOp>::namespaced(ws.hub.clone(), &ws.ns);
+    let raised = eventually(
+        "helmop-polling-5s: PollingInterval condition",
+        WAIT,
+        || async {
+            let h = helmops.get("helmop-polling-5s").await?;
+            Ok::<_, kube::Error>(h.status.and_then(|s| {
+                let c = s
+                    .conditions
+                    .into_iter()
+                    .find(|c| c.type_ == "PollingInterval")?;
+                Some((c.status, c.reason, s.version))
+            }))
+        },
+    )
+    .await;
+    assert_eq!(
+        raised,
+        (
+            "False".to_string(),
+            "PollingIntervalRaised".to_string(),
+            Some(VERSION.to_string())
+        )
+    );
+    // 0s: no polling; the empty version is resolved once on the hub, as Fleet's HelmOp
+    // controller resolves it, and not raised.
+    let zero = eventually("helmop-polling-0: status.version", WAIT, || async {
+        let h = helmops.get("helmop-polling-0").await?;
+        Ok::<_, kube::Error>(h.status.filter(|s| s.version.is_some()))
+    })
+    .await;
+    assert_eq!(zero.version.as_deref(), Some(VERSION));
+    assert!(
+        !zero.conditions.iter().any(|c| c.type_ == "PollingInterval"),
+        "{:?}",
+        zero.conditions
+    );
 
     // The namespace-labels fixture: Fleet's labels on the namespace the agent created, the
     // target's for `local` only.

@@ -26,7 +26,7 @@ pub(crate) enum Recorded {
 
 /// The version recorded in `bundle`'s status for its current spec. Pure.
 pub(crate) fn recorded(bundle: &Bundle) -> Recorded {
-    if helm_poll::polling(&bundle.spec).is_none() {
+    if helm_poll::resolution(bundle).is_none() {
         return Recorded::NotPolling;
     }
     let status = bundle.status.as_ref();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tender_types::conditions::reason;
 use tender_types::rollout::{OnFailure, PartitionStatus, RolloutStrategy, scaled};
-use tender_types::targeting::{GroupInfo, selector_matches};
+use tender_types::targeting::{ClusterInfo, Criteria, GroupInfo, TargetingError, criteria_select};
 
 use crate::summary::DeploymentState;
 
@@ -170,10 +170,16 @@ pub fn waves(
         scaled(value.or(strategy.max_unavailable.as_ref()), count, 0).map_err(|e| invalid(&e))
     };
     if strategy.partitions.is_empty() {
+        // Fleet's autoPartitionThreshold: below it (or when it is 0 or less) one wave.
+        let n = clusters.len();
+        let one_wave = match strategy.auto_partition_threshold {
+            Some(t) => t <= 0 || n < usize::try_from(t).unwrap_or(usize::MAX),
+            None => strategy.auto_partition_size.is_none() && n < AUTO_PARTITION_MIN,
+        };
         let size = match &strategy.auto_partition_size {
-            Some(v) => scaled(Some(v), clusters.len(), clusters.len()).map_err(|e| invalid(&e))?,
-            None if clusters.len() < AUTO_PARTITION_MIN => clusters.len(),
-            None => (clusters.len() * AUTO_PARTITION_PERCENT).div_ceil(100),
+            _ if one_wave => n,
+            Some(v) => scaled(Some(v), n, n).map_err(|e| invalid(&e))?,
+            None => (n * AUTO_PARTITION_PERCENT).div_ceil(100),
         }
         .max(1);
         let all: Vec<usize> = (0..clusters.len()).collect();
@@ -190,7 +196,9 @@ pub fn waves(
             if taken[c] {
                 continue;
             }
-            let selects = partition_selects(p, cluster, groups).map_err(|e| invalid(&e))?;
+            let selects = partition_selects(p, cluster, groups).map_err(|e| {
+                invalid(&e.into_targeting(|source| TargetingError::Partition { index: i, source }))
+            })?;
             if selects {
                 taken[c] = true;
                 members.push(c);
@@ -212,33 +220,18 @@ pub fn waves(
     Ok(out)
 }
 
+/// Whether partition `p` selects `cluster`: a target's matcher (Fleet's: every field set must
+/// hold, none set selects nothing).
 fn partition_selects(
     p: &tender_types::rollout::Partition,
     cluster: &ClusterRollout<'_>,
     groups: &[GroupInfo<'_>],
-) -> Result<bool, tender_types::targeting::SelectorError> {
-    if let Some(name) = &p.cluster_name {
-        return Ok(name == cluster.name);
-    }
-    if let Some(s) = &p.cluster_selector {
-        return selector_matches(s, cluster.labels);
-    }
-    if let Some(group) = &p.cluster_group {
-        for g in groups.iter().filter(|g| g.name == group) {
-            if selector_matches(g.selector, cluster.labels)? {
-                return Ok(true);
-            }
-        }
-        return Ok(false);
-    }
-    if let Some(gs) = &p.cluster_group_selector {
-        for g in groups {
-            if selector_matches(gs, g.labels)? && selector_matches(g.selector, cluster.labels)? {
-                return Ok(true);
-            }
-        }
-    }
-    Ok(false)
+) -> Result<bool, tender_types::targeting::CriteriaError> {
+    let info = ClusterInfo {
+        name: cluster.name,
+        labels: cluster.labels,
+    };
+    criteria_select(&Criteria::of_partition(p), &info, groups)
 }
 
 /// The gate for one Bundle reconcile.

@@ -111,14 +111,15 @@ pub struct RolloutFacts {
 }
 
 /// The part of a Bundle's status the Bundle controller applies: without the shard entries
-/// (each shard replica's own) and the poll controller's `version` and `Polled`
+/// (each shard replica's own) and the poll controller's `version`, `Polled` and `PollingInterval`
 /// (decision 0113-chart-polling-controller).
 pub(crate) fn ours(mut status: BundleStatus) -> BundleStatus {
     status.shards.clear();
     status.version = None;
-    status
-        .conditions
-        .retain(|c| c.type_ != tender_types::conditions::TYPE_POLLED);
+    status.conditions.retain(|c| {
+        c.type_ != tender_types::conditions::TYPE_POLLED
+            && c.type_ != tender_types::conditions::TYPE_POLLING_INTERVAL
+    });
     status
 }
 

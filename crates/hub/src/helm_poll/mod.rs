@@ -71,6 +71,34 @@ pub fn polling(spec: &BundleSpec) -> Option<(Duration, &HelmOptions)> {
     (!exact).then_some((interval, helm))
 }
 
+/// How the hub resolves a Bundle's chart version range.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Resolution<'a> {
+    /// Every interval: `pollingInterval` ([`polling`]).
+    Every(Duration, &'a HelmOptions),
+    /// Once per spec: a HelmOp's Bundle without polling (no `pollingInterval`, or `0`) whose
+    /// version is a range or empty. Fleet's HelmOp controller resolves such a version on the
+    /// hub whenever the HelmOp changes (`handleVersion`), so every cluster gets the same one.
+    Once(&'a HelmOptions),
+}
+
+/// How the hub resolves `bundle`'s chart version, if it does: on its interval, or once per
+/// spec for a HelmOp's Bundle (Fleet's rule); `None` for a Bundle of its own without
+/// `pollingInterval` (its agents resolve a range when they render, as Fleet's agents do).
+pub fn resolution(bundle: &tender_types::Bundle) -> Option<Resolution<'_>> {
+    if let Some((interval, helm)) = polling(&bundle.spec) {
+        return Some(Resolution::Every(interval, helm));
+    }
+    let helm = bundle.spec.helm.as_ref()?;
+    let a_helmops = bundle
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(tender_types::labels::HELMOP));
+    let exact = helm.version.as_deref().is_some_and(chart_version::is_exact);
+    (a_helmops && !exact).then_some(Resolution::Once(helm))
+}
+
 /// Where the chart is looked up, for messages: the repository URL without user info (or the
 /// `oci://` reference) and the chart.
 pub fn source(helm: &HelmOptions) -> String {
@@ -168,6 +196,45 @@ pub fn set_status(
     {
         c.last_transition_time = now;
     }
+}
+
+/// Writes the `PollingInterval` condition: `False`, reason PollingIntervalRaised, when the
+/// Bundle polls and its `pollingInterval` is below the hub's floor (`asked`); removed
+/// otherwise. Pure.
+pub fn set_raised(
+    status: &mut tender_types::BundleStatus,
+    asked: Option<(&str, Duration)>,
+    generation: Option<i64>,
+    now: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time,
+) {
+    use tender_types::conditions::{TYPE_POLLING_INTERVAL, set_condition};
+    let Some((text, _)) = asked else {
+        status
+            .conditions
+            .retain(|c| c.type_ != TYPE_POLLING_INTERVAL);
+        return;
+    };
+    let floor = chart_version::MIN_POLLING_INTERVAL.as_secs();
+    let message = format!(
+        "pollingInterval {text} is below the hub's floor of {floor}s: the hub looks every {floor}s"
+    );
+    set_condition(
+        &mut status.conditions,
+        TYPE_POLLING_INTERVAL,
+        false,
+        reason::POLLING_INTERVAL_RAISED,
+        &message,
+        generation,
+        now,
+    );
+}
+
+/// The `pollingInterval` text and what it asks for, when the Bundle polls and the hub raises
+/// it to its floor.
+pub fn raised(spec: &BundleSpec) -> Option<(&str, Duration)> {
+    polling(spec)?;
+    let text = spec.polling_interval.as_deref()?;
+    chart_version::raised_polling_interval(text).map(|d| (text, d))
 }
 
 /// The delay before the next look: the interval plus up to a tenth of it, so Bundles polling

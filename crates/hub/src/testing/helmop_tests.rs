@@ -114,3 +114,36 @@ async fn a_bundle_of_the_same_name_it_does_not_own_is_left_alone() {
     hub.reconcile_helmop("web").await;
     assert_eq!(hub.take_writes(), Vec::<String>::new(), "idle");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_helmop_without_targets_goes_to_the_default_group_as_in_fleet() {
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    hub.cluster("two", &[("env", "dev")]);
+    let mut spec = helmop_spec("1.2.3");
+    spec.as_object_mut().expect("object").remove("targets");
+    hub.helmop("web", spec);
+    hub.reconcile_helmop("web").await;
+    let bundle: Bundle = hub.get(Some(WS), "web").expect("its Bundle");
+    assert_eq!(bundle.spec.targets.len(), 1);
+    assert_eq!(
+        bundle.spec.targets[0].cluster_group.as_deref(),
+        Some("default")
+    );
+
+    // No group `default` yet: no cluster.
+    hub.reconcile_bundle("web").await;
+    hub.reconcile_bundle("web").await;
+    assert!(hub.fake.all::<BundleDeployment>().is_empty());
+
+    // The group `default` of the namespace decides, as Fleet's does.
+    hub.group("default", json!({"matchLabels": {"env": "dev"}}));
+    hub.reconcile_bundle("web").await;
+    let deployed: Vec<_> = hub
+        .fake
+        .all::<BundleDeployment>()
+        .into_iter()
+        .filter_map(|bd| bd.metadata.namespace)
+        .collect();
+    assert_eq!(deployed, [names::cluster_namespace(WS, "two")]);
+}

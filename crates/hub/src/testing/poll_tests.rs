@@ -383,3 +383,177 @@ async fn the_bundle_waits_while_polled_is_for_an_older_generation() {
     assert_eq!(deployed_version(&hub, "one").as_deref(), Some("0.2.0"));
     assert_eq!(deployed_version(&hub, "two").as_deref(), Some("0.2.0"));
 }
+
+/// The Bundle's `PollingInterval` condition: status, reason, message.
+fn raised_condition(hub: &TestHub) -> Option<(String, String, String)> {
+    let bundle: Bundle = hub.get(Some(WS), "app").expect("the Bundle");
+    let status = bundle.status.unwrap_or_default();
+    conditions::find_condition(&status.conditions, conditions::TYPE_POLLING_INTERVAL)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_interval_below_the_floor_is_raised_and_reported() {
+    let repo = Repo::start(&["0.1.0"]).await;
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    let mut spec = polling_spec(&repo, "^0.1");
+    spec["pollingInterval"] = json!("5s"); // Fleet's own tests use 5s
+    hub.bundle("app", spec);
+    hub.take_writes();
+
+    let action = hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 1);
+    assert_eq!(
+        writes_by_manager(&hub),
+        [poll_write()],
+        "one write, both conditions"
+    );
+    let next = format!("{action:?}");
+    assert!(
+        next.contains("requeue_after: Some(1"),
+        "the floor, 15 s: {next}"
+    );
+    let (status, why, message) = raised_condition(&hub).expect("PollingInterval");
+    assert_eq!(
+        (status.as_str(), why.as_str()),
+        ("False", reason::POLLING_INTERVAL_RAISED)
+    );
+    assert_eq!(
+        message,
+        "pollingInterval 5s is below the hub's floor of 15s: the hub looks every 15s"
+    );
+    assert_eq!(recorded(&hub).0.as_deref(), Some("0.1.0"), "it polls");
+
+    // Looks come at the floor's pace, not every 5 s.
+    tokio::time::advance(Duration::from_secs(6)).await;
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 0, "5 s later: no look");
+    tokio::time::advance(Duration::from_secs(10)).await;
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 1, "16 s after the first: one look");
+    assert_eq!(
+        writes_by_manager(&hub),
+        Vec::<String>::new(),
+        "nothing new: idle"
+    );
+
+    // The Bundle controller's own status apply leaves the condition alone.
+    hub.reconcile_bundle("app").await;
+    assert!(raised_condition(&hub).is_some());
+
+    // At or above the floor the condition goes.
+    hub.edit::<Bundle>(Some(WS), "app", |b| {
+        b["spec"]["pollingInterval"] = "15s".into()
+    });
+    hub.take_writes();
+    hub.reconcile_poll("app").await;
+    assert_eq!(writes_by_manager(&hub), [poll_write()]);
+    assert_eq!(raised_condition(&hub), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn zero_means_no_polling_as_in_fleet() {
+    let repo = Repo::start(&["0.1.0"]).await;
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    let mut spec = polling_spec(&repo, "^0.1");
+    spec["pollingInterval"] = json!("0");
+    hub.bundle("app", spec);
+    hub.take_writes();
+
+    let action = hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 0, "never looked at");
+    assert_eq!(writes_by_manager(&hub), Vec::<String>::new());
+    assert!(
+        format!("{action:?}").contains("requeue_after: None"),
+        "no interval: {action:?}"
+    );
+    assert_eq!(recorded(&hub), (None, None));
+    assert_eq!(raised_condition(&hub), None);
+
+    // The Bundle does not wait for a poller: the range goes out, as without pollingInterval.
+    hub.reconcile_bundle("app").await;
+    assert_eq!(deployed_version(&hub, "one").as_deref(), Some("^0.1"));
+}
+
+/// HelmOp `app`: chart `app` of `repo` in `range`, no pollingInterval, to the prod clusters.
+fn helmop_without_polling(repo: &Repo, range: &str) -> Value {
+    json!({
+        "helm": {"chart": "app", "repo": repo.url, "version": range, "releaseName": "app"},
+        "targets": [{"clusterSelector": {"matchLabels": {"env": "prod"}}}],
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_helmops_range_without_polling_is_resolved_once_per_spec_as_in_fleet() {
+    let repo = Repo::start(&["0.1.0"]).await;
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    hub.helmop("app", helmop_without_polling(&repo, "^0.1"));
+    hub.reconcile_helmop("app").await;
+    hub.take_writes();
+
+    // The Bundle waits for the one look, which records the version for this spec.
+    hub.reconcile_bundle("app").await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(
+        deployed_version(&hub, "one"),
+        None,
+        "not handed out unresolved"
+    );
+    hub.take_writes(); // the Bundle's finalizer and status
+    let action = hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 1);
+    assert_eq!(writes_by_manager(&hub), [poll_write()]);
+    assert!(
+        format!("{action:?}").contains("requeue_after: None"),
+        "{action:?}"
+    );
+    assert_eq!(
+        recorded(&hub),
+        (
+            Some("0.1.0".into()),
+            Some(("True".into(), reason::VERSION_RESOLVED.into(), Some(1)))
+        )
+    );
+    assert_eq!(raised_condition(&hub), None);
+    hub.reconcile_bundle("app").await;
+    hub.reconcile_bundle("app").await;
+    assert_eq!(deployed_version(&hub, "one").as_deref(), Some("0.1.0"));
+    hub.take_writes();
+
+    // A newer version in the range is not followed: no polling.
+    repo.publish("0.1.1");
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 0, "resolved for this spec: no look");
+    assert_eq!(writes_by_manager(&hub), Vec::<String>::new());
+
+    // A new spec is resolved again (Fleet: when the HelmOp's chart changes).
+    hub.edit::<HelmOp>(Some(WS), "app", |h| {
+        h["spec"]["helm"]["version"] = "~0.1".into()
+    });
+    hub.reconcile_helmop("app").await;
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 1);
+    assert_eq!(recorded(&hub).0.as_deref(), Some("0.1.1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bundles_range_without_polling_is_left_to_the_agents_as_in_fleet() {
+    let repo = Repo::start(&["0.1.0"]).await;
+    let hub = TestHub::new();
+    hub.cluster("one", &[("env", "prod")]);
+    let mut spec = polling_spec(&repo, "^0.1");
+    spec.as_object_mut()
+        .expect("object")
+        .remove("pollingInterval");
+    hub.bundle("app", spec);
+    hub.take_writes();
+    hub.reconcile_poll("app").await;
+    assert_eq!(repo.take_looks(), 0);
+    assert_eq!(writes_by_manager(&hub), Vec::<String>::new());
+    hub.reconcile_bundle("app").await;
+    assert_eq!(deployed_version(&hub, "one").as_deref(), Some("^0.1"));
+}

@@ -263,3 +263,69 @@ fn auto_partitions_round_up() {
     };
     assert!(waves(&bad, &fleet.clusters(), &[]).is_err());
 }
+
+#[test]
+fn auto_partition_threshold_keeps_one_wave_below_it() {
+    let fleet = Fleet::new(5);
+    let sized = |threshold: Option<i32>| RolloutStrategy {
+        auto_partition_size: Some(IntOrString::Int(2)),
+        auto_partition_threshold: threshold,
+        ..Default::default()
+    };
+    let count = |s: &RolloutStrategy| waves(s, &fleet.clusters(), &[]).unwrap().len();
+    assert_eq!(
+        count(&sized(None)),
+        3,
+        "unset: the size applies at any count"
+    );
+    assert_eq!(
+        count(&sized(Some(6))),
+        1,
+        "5 clusters, threshold 6: one wave"
+    );
+    assert_eq!(count(&sized(Some(5))), 3, "at the threshold: waves of 2");
+    assert_eq!(
+        count(&sized(Some(0))),
+        1,
+        "0 turns automatic waves off (Fleet)"
+    );
+    assert_eq!(count(&sized(Some(-1))), 1);
+    let default_size = RolloutStrategy {
+        auto_partition_threshold: Some(4),
+        ..Default::default()
+    };
+    assert_eq!(
+        count(&default_size),
+        3,
+        "25% of 5 rounded up: waves of 2, 2 and 1"
+    );
+}
+
+#[test]
+fn a_partition_with_several_fields_selects_where_all_hold() {
+    let fleet = Fleet::new(5);
+    let p = Partition {
+        name: Some("c2-in-wave-1".into()),
+        cluster_name: Some("c2".into()),
+        cluster_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("wave".into(), "1".into())])),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let none = Partition {
+        name: Some("none".into()),
+        ..Default::default()
+    };
+    let s = RolloutStrategy {
+        partitions: vec![p, none],
+        ..Default::default()
+    };
+    let w = waves(&s, &fleet.clusters(), &[]).unwrap();
+    let names: Vec<_> = w.iter().map(|(n, m, _)| (n.as_str(), m.len())).collect();
+    assert_eq!(
+        names,
+        [("c2-in-wave-1", 1), ("none", 0), ("unpartitioned", 4)],
+        "both fields hold for c2 only; a partition with no field selects nothing"
+    );
+}
