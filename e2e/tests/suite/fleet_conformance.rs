@@ -363,7 +363,7 @@ async fn fleets_own_helmops_and_fleet_yaml_helm_options_have_their_documented_ou
                 let target_ns = namespace.replace(NS, &ns);
                 for (c, down) in ["local", "east"].into_iter().zip(&downs) {
                     if on.contains(&c) {
-                        wait_applied(&ws, c, &name, file).await;
+                        ws.wait_applied(c, &name, file).await;
                         values_seen(down, &target_ns, release).await;
                     } else {
                         assert!(
