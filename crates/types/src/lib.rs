@@ -29,6 +29,7 @@ pub mod signing;
 pub mod targeting;
 pub mod template;
 pub mod upstream;
+pub mod waves;
 
 mod schema;
 

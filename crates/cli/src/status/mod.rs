@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
-use tender_types::{Bundle, BundleDeployment, Cluster, HelmOp, labels};
+use tender_types::{Bundle, BundleDeployment, Cluster, ClusterGroup, HelmOp, labels};
 
 mod render;
 mod report;
@@ -20,7 +20,7 @@ pub use render::{render_bundle_table, render_workspace_table};
 pub(crate) use report::ready_in;
 pub use report::{
     BundleReport, BundleRow, ClusterRow, HelmOpRow, TargetRow, UpstreamRow, WorkspaceReport,
-    bundle_report, bundle_row, helm_op_rows, workspace_report,
+    bundle_report, bundle_row, cluster_waves, helm_op_rows, workspace_report,
 };
 
 /// Arguments of `tender status`.
@@ -115,15 +115,26 @@ pub async fn run(args: Args) -> Result<()> {
                 labels::BUNDLE_NAME,
                 labels::safe_label_value(name)
             );
-            let deployments = Api::<BundleDeployment>::all(hub)
+            let deployments = Api::<BundleDeployment>::all(hub.clone())
                 .list(&ListParams::default().labels(&selector))
                 .await
                 .with_context(|| format!("listing the BundleDeployments of Bundle {ws}/{name}"))?;
-            render(
-                &bundle_report(ws, &bundle, &deployments.items),
-                args.output,
-                render_bundle_table,
-            )?
+            let mut report = bundle_report(ws, &bundle, &deployments.items);
+            if bundle.spec.rollout_strategy.is_some() {
+                let clusters = Api::<Cluster>::namespaced(hub.clone(), ws)
+                    .list(&ListParams::default())
+                    .await
+                    .with_context(|| format!("listing Clusters in {ws}"))?;
+                let groups = Api::<ClusterGroup>::namespaced(hub.clone(), ws)
+                    .list(&ListParams::default())
+                    .await
+                    .with_context(|| format!("listing ClusterGroups in {ws}"))?;
+                let waves = cluster_waves(&bundle, &clusters.items, &groups.items);
+                for row in &mut report.clusters {
+                    row.wave = waves.get(&row.cluster).cloned().unwrap_or_default();
+                }
+            }
+            render(&report, args.output, render_bundle_table)?
         }
     };
     print!("{text}");
@@ -574,6 +585,57 @@ mod tests {
         );
         let plain = render_bundle_table(&web_report());
         assert!(!plain.contains("Rollout waves"), "no strategy, no waves");
+    }
+
+    #[test]
+    fn each_targeted_cluster_shows_the_wave_the_hub_puts_it_in() {
+        let mut b = bundle("web", "", None);
+        b.spec.targets = vec![tender_types::bundle::BundleTarget {
+            cluster_selector: Some(Default::default()),
+            ..Default::default()
+        }];
+        b.spec.rollout_strategy = Some(tender_types::rollout::RolloutStrategy {
+            partitions: vec![tender_types::rollout::Partition {
+                name: Some("canary".into()),
+                cluster_selector: Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                        match_labels: Some(BTreeMap::from([("tier".into(), "canary".into())])),
+                        ..Default::default()
+                    },
+                ),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let labelled = |name: &str, labels: &[(&str, &str)]| {
+            let mut c = cluster(name, "Ready");
+            c.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            c
+        };
+        let clusters = [
+            labelled("east", &[("tier", "canary")]),
+            labelled("west", &[]),
+            // Served by shard eu, which rolls out its own clusters: its canary is its own.
+            labelled("north", &[("tier", "canary"), ("tender.dev/shard", "eu")]),
+        ];
+        let waves = cluster_waves(&b, &clusters, &[]);
+        assert_eq!(waves["east"], "canary");
+        assert_eq!(waves["west"], "unpartitioned");
+        assert_eq!(waves["north"], "canary");
+        let mut report = bundle_report("ws", &b, &[deployment("west", Some("Ready"), None)]);
+        report.clusters[0].wave = waves["west"].clone();
+        let text = render_bundle_table(&report);
+        assert!(
+            text.contains("WAVE") && text.contains("unpartitioned"),
+            "{text}"
+        );
+        b.spec.rollout_strategy = None;
+        assert!(cluster_waves(&b, &clusters, &[]).is_empty());
     }
 
     #[test]

@@ -133,8 +133,9 @@ pub fn render_bundle_table(report: &BundleReport) -> String {
         .iter()
         .map(|t| {
             let mut row = vec![t.cluster.clone(), t.state.clone(), t.ready.clone()];
-            // In waves, which revision each cluster runs (a hash, never a value).
+            // In waves, each cluster's wave and the revision it runs (a hash, never a value).
             if report.rollout.is_some() {
+                row.push(t.wave.clone());
                 row.push(t.revision.clone());
             }
             row.extend([t.reason.clone(), t.message.clone()]);
@@ -142,7 +143,9 @@ pub fn render_bundle_table(report: &BundleReport) -> String {
         })
         .collect();
     let headers: &[&str] = if report.rollout.is_some() {
-        &["CLUSTER", "STATE", "READY", "REVISION", "REASON", "MESSAGE"]
+        &[
+            "CLUSTER", "STATE", "READY", "WAVE", "REVISION", "REASON", "MESSAGE",
+        ]
     } else {
         &["CLUSTER", "STATE", "READY", "REASON", "MESSAGE"]
     };

@@ -151,6 +151,9 @@ pub struct TargetRow {
     /// (`-` before the first apply), and `→ <wanted>` while a newer one is on its way.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub revision: String,
+    /// With a rolloutStrategy: the wave the cluster is in (as the hub computes it).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub wave: String,
 }
 
 /// One wave of a rollout (from `status.partitions`).
@@ -326,6 +329,7 @@ pub fn bundle_report(
                 reason,
                 message,
                 revision: revision(bd),
+                wave: String::new(),
             }
         })
         .collect();
@@ -356,4 +360,59 @@ pub fn bundle_report(
         rollout: rollout_report(bundle),
         upstream,
     }
+}
+
+/// With a rolloutStrategy, the wave of each cluster `bundle` targets, by cluster name: the
+/// hub's own computation ([`tender_types::waves`]) over the same inputs — the workspace's
+/// Clusters not being deleted, per shard (each hub replica rolls out its own shard's), matched
+/// by the Bundle's targets, and the workspace's ClusterGroups.
+pub fn cluster_waves(
+    bundle: &Bundle,
+    clusters: &[Cluster],
+    groups: &[tender_types::ClusterGroup],
+) -> std::collections::BTreeMap<String, String> {
+    use std::collections::BTreeMap;
+    use tender_types::targeting::{ClusterInfo, GroupInfo, match_targets};
+    let mut out = BTreeMap::new();
+    let Some(strategy) = &bundle.spec.rollout_strategy else {
+        return out;
+    };
+    let no_labels = BTreeMap::new();
+    let infos: Vec<GroupInfo<'_>> = groups
+        .iter()
+        .map(|g| GroupInfo {
+            name: g.metadata.name.as_deref().unwrap_or_default(),
+            labels: g.metadata.labels.as_ref().unwrap_or(&no_labels),
+            selector: &g.spec.selector,
+        })
+        .collect();
+    let mut by_shard: BTreeMap<Option<&String>, Vec<ClusterInfo<'_>>> = BTreeMap::new();
+    for c in clusters
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+    {
+        by_shard
+            .entry(c.labels().get(labels::SHARD))
+            .or_default()
+            .push(ClusterInfo {
+                name: c.metadata.name.as_deref().unwrap_or_default(),
+                labels: c.metadata.labels.as_ref().unwrap_or(&no_labels),
+            });
+    }
+    for shard in by_shard.values() {
+        let Ok(matches) = match_targets(&bundle.spec, shard, &infos) else {
+            continue;
+        };
+        let targeted: Vec<ClusterInfo<'_>> = shard
+            .iter()
+            .filter(|c| matches.iter().any(|m| m.cluster == c.name))
+            .copied()
+            .collect();
+        if let Some(waves) = tender_types::waves::wave_of_each(strategy, &targeted, &infos) {
+            for (c, w) in targeted.iter().zip(waves) {
+                out.insert(c.name.to_string(), w);
+            }
+        }
+    }
+    out
 }

@@ -10,18 +10,14 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tender_types::conditions::reason;
 use tender_types::rollout::{OnFailure, PartitionStatus, RolloutStrategy, scaled};
-use tender_types::targeting::{ClusterInfo, Criteria, GroupInfo, TargetingError, criteria_select};
+use tender_types::targeting::{ClusterInfo, GroupInfo};
 
 use crate::summary::DeploymentState;
 
-/// Below this many clusters, no `autoPartitionSize` means one wave (Fleet's rule).
-const AUTO_PARTITION_MIN: usize = 200;
 /// How long after its release a wave's failing clusters start counting against `maxFailures`:
 /// an agent may report a failure for a moment while a new BundleDeployment's copies are
 /// still arriving (decision 0093-rollout-waves).
 const FAILURE_SETTLE_MS: i64 = 5_000;
-/// Fleet's default `autoPartitionSize`, in percent.
-const AUTO_PARTITION_PERCENT: usize = 25;
 
 /// One targeted cluster as the gate sees it.
 #[derive(Debug, Clone)]
@@ -153,85 +149,26 @@ pub struct Inputs<'a> {
     pub now: i64,
 }
 
-/// Why a strategy cannot be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct InvalidStrategy(pub String);
+pub use tender_types::waves::InvalidStrategy;
 
-/// Splits `clusters` into waves: (name, wave cluster indices, maxUnavailable).
+/// Splits `clusters` into waves: (name, wave cluster indices, maxUnavailable), clusters in
+/// name order ([`tender_types::waves`], which `tender status` shares).
 pub fn waves(
     strategy: &RolloutStrategy,
     clusters: &[ClusterRollout<'_>],
     groups: &[GroupInfo<'_>],
 ) -> Result<Vec<(String, Vec<usize>, usize)>, InvalidStrategy> {
-    let invalid = |e: &dyn std::fmt::Display| InvalidStrategy(e.to_string());
-    let mut out = Vec::new();
-    let max = |value: Option<&tender_types::rollout::IntOrString>, count: usize| {
-        scaled(value.or(strategy.max_unavailable.as_ref()), count, 0).map_err(|e| invalid(&e))
-    };
-    if strategy.partitions.is_empty() {
-        // Fleet's autoPartitionThreshold: below it (or when it is 0 or less) one wave.
-        let n = clusters.len();
-        let one_wave = match strategy.auto_partition_threshold {
-            Some(t) => t <= 0 || n < usize::try_from(t).unwrap_or(usize::MAX),
-            None => strategy.auto_partition_size.is_none() && n < AUTO_PARTITION_MIN,
-        };
-        let size = match &strategy.auto_partition_size {
-            _ if one_wave => n,
-            Some(v) => scaled(Some(v), n, n).map_err(|e| invalid(&e))?,
-            None => (n * AUTO_PARTITION_PERCENT).div_ceil(100),
-        }
-        .max(1);
-        let all: Vec<usize> = (0..clusters.len()).collect();
-        for (i, chunk) in all.chunks(size).enumerate() {
-            let name = format!("auto-{}", i + 1);
-            out.push((name, chunk.to_vec(), max(None, chunk.len())?));
-        }
-        return Ok(out);
-    }
-    let mut taken = vec![false; clusters.len()];
-    for (i, p) in strategy.partitions.iter().enumerate() {
-        let mut members = Vec::new();
-        for (c, cluster) in clusters.iter().enumerate() {
-            if taken[c] {
-                continue;
-            }
-            let selects = partition_selects(p, cluster, groups).map_err(|e| {
-                invalid(&e.into_targeting(|source| TargetingError::Partition { index: i, source }))
-            })?;
-            if selects {
-                taken[c] = true;
-                members.push(c);
-            }
-        }
-        let name = p
-            .name
-            .clone()
-            .unwrap_or_else(|| format!("partition-{}", i + 1));
-        let m = max(p.max_unavailable.as_ref(), members.len())?;
-        out.push((name, members, m));
-    }
-    // Fleet never deploys a cluster no partition selects; tender makes them a last wave.
-    let rest: Vec<usize> = (0..clusters.len()).filter(|c| !taken[*c]).collect();
-    if !rest.is_empty() {
-        let m = max(None, rest.len())?;
-        out.push(("unpartitioned".to_string(), rest, m));
-    }
-    Ok(out)
-}
-
-/// Whether partition `p` selects `cluster`: a target's matcher (Fleet's: every field set must
-/// hold, none set selects nothing).
-fn partition_selects(
-    p: &tender_types::rollout::Partition,
-    cluster: &ClusterRollout<'_>,
-    groups: &[GroupInfo<'_>],
-) -> Result<bool, tender_types::targeting::CriteriaError> {
-    let info = ClusterInfo {
-        name: cluster.name,
-        labels: cluster.labels,
-    };
-    criteria_select(&Criteria::of_partition(p), &info, groups)
+    let infos: Vec<ClusterInfo<'_>> = clusters
+        .iter()
+        .map(|c| ClusterInfo {
+            name: c.name,
+            labels: c.labels,
+        })
+        .collect();
+    Ok(tender_types::waves::waves(strategy, &infos, groups)?
+        .into_iter()
+        .map(|w| (w.name, w.members, w.max_unavailable))
+        .collect())
 }
 
 /// The gate for one Bundle reconcile.
