@@ -9,7 +9,7 @@ use kube::api::{Api, ApiResource, DynamicObject, ObjectMeta, PostParams};
 use tender_e2e::{HUB, crds::install_crds, shared_env, unique_name};
 
 /// The fixtures in `crates/types/tests/fixtures/valid`: every one must be accepted.
-const VALID_FIXTURES: usize = 20;
+const VALID_FIXTURES: usize = 21;
 /// The fixtures in `crates/types/tests/fixtures/invalid`: every one must be rejected.
 const INVALID_FIXTURES: usize = 48;
 
