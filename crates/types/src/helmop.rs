@@ -135,6 +135,14 @@ pub struct HelmOpSpec {
     #[serde(default)]
     pub paused: bool,
 
+    /// Downstream ServiceAccount (`<namespace>/<name>`) the agent impersonates to deploy this chart: the Bundle's `serviceAccount` (decision 0079). The downstream owner must allow it (`--allow-bundle-service-accounts`), else `ServiceAccountNotAllowed`. Fleet's plain name is refused: it does not say which namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 317), extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",
+        "message": "serviceAccount is <namespace>/<name> of a downstream ServiceAccount (tender's form; Fleet's plain name does not say which namespace)"
+    }]))]
+    pub service_account: Option<String>,
+
     /// How often the hub looks for a newer chart version matching `helm.version` (a range, or empty: the latest stable) and rolls it out: a Go duration as Fleet accepts it (`5s`, `1h30m`); `0` (or absent) means no polling, as in Fleet: a range is then resolved once per spec by the hub (Fleet's rule). The hub looks at most every 15s: a shorter interval is raised to that and reported (`PollingInterval=False`, reason PollingIntervalRaised). An exact version is never polled. The version found is in `status.version`. See docs/helm.md#polling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::bundle::polling_interval_schema")]
@@ -208,6 +216,7 @@ impl HelmOpSpec {
             keep_resources: self.keep_resources,
             correct_drift: self.correct_drift.clone(),
             paused: self.paused,
+            service_account: self.service_account.clone(),
             diff: self.diff.clone(),
             polling_interval: self.polling_interval.clone(),
             depends_on: self.depends_on.clone(),
@@ -291,14 +300,11 @@ fn bundle_labels_schema(_: &mut SchemaGenerator) -> Schema {
 
 /// Fleet's HelmOp fields tender does not implement beyond the Bundle's
 /// ([`crate::fleet_only`]), refused at admission with the reason.
-const FLEET_ONLY_SPEC: &[Unsupported] = &[
-    Unsupported::present(
-        "serviceAccount",
-        "string",
-        "the agent deploys with its own identity",
-    ),
-    Unsupported::present("resources", "array", "inline manifests go in a Bundle"),
-];
+const FLEET_ONLY_SPEC: &[Unsupported] = &[Unsupported::present(
+    "resources",
+    "array",
+    "inline manifests go in a Bundle",
+)];
 
 fn fleet_only_spec_fields(schema: &mut Schema) {
     crate::fleet_only::helmop_spec(schema, FLEET_ONLY_SPEC);
@@ -324,9 +330,11 @@ mod tests {
             "downstreamResources": [{"kind": "Secret", "name": "vals"}],
             "keepResources": true,
             "correctDrift": {"enabled": false},
-            "paused": true
+            "paused": true,
+            "serviceAccount": "apps/deployer"
         }));
         let b = h.bundle_spec();
+        assert_eq!(b.service_account.as_deref(), Some("apps/deployer"));
         assert_eq!(b.targets, h.targets);
         assert_eq!(b.default_namespace.as_deref(), Some("apps"));
         assert_eq!(

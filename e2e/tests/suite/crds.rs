@@ -11,7 +11,7 @@ use tender_e2e::{HUB, crds::install_crds, shared_env, unique_name};
 /// The fixtures in `crates/types/tests/fixtures/valid`: every one must be accepted.
 const VALID_FIXTURES: usize = 21;
 /// The fixtures in `crates/types/tests/fixtures/invalid`: every one must be rejected.
-const INVALID_FIXTURES: usize = 48;
+const INVALID_FIXTURES: usize = 49;
 
 /// Every fixture of `kind` (`valid` or `invalid`) with its text, sorted by path. Fails when the
 /// directory holds anything that is not a `.yaml` fixture, so none is silently skipped.
