@@ -15,22 +15,13 @@ use tender_e2e::hub_harness::{hub_config, start_hub};
 use tender_e2e::{HUB, client_from_yaml, downstream_name, eventually, shared_env, unique_name};
 use tender_types::{BundleDeployment, Cluster, names};
 
-/// The `tender` binary next to this test's binaries, built if `cargo test` did not build it
-/// (it does with `--workspace`).
+/// The `tender` binary, built fresh once per test process (a binary left from an earlier
+/// build would test old code).
 fn tender_bin() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_BIN_EXE_tender-testenv"))
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    let bin = dir.join("tender");
-    if !bin.exists() {
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "tender-cli", "--bin", "tender"])
-            .status()
-            .expect("running cargo build");
-        assert!(status.success(), "building the tender CLI");
-    }
-    bin
+    tender_e2e::binaries::tender_binaries()
+        .expect("building the tender binaries")
+        .cli
+        .clone()
 }
 
 async fn namespace(client: &kube::Client, name: &str) {
@@ -203,6 +194,53 @@ async fn cluster_add_registers_and_prints_working_agent_manifests() {
     assert_ne!(rows[0]["connected"], "True", "no agent runs: {rows}");
     assert_eq!(rows[0]["labels"], "env=prod", "{rows}");
     assert_eq!(rows[0]["namespace"], cluster_ns.as_str(), "{rows}");
+
+    // `tender status BUNDLE` in waves: each cluster's wave, as the hub computes it.
+    Api::<tender_types::Bundle>::namespaced(hub.clone(), &ws)
+        .patch(
+            "waved",
+            &PatchParams::apply("e2e"),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "tender.dev/v1alpha1", "kind": "Bundle",
+                "metadata": {"name": "waved"},
+                "spec": {
+                    "targets": [{"clusterName": "east"}],
+                    "rolloutStrategy": {"partitions": [{"name": "canary", "clusterName": "east"}]},
+                    "resources": [{"apiVersion": "v1", "kind": "ConfigMap",
+                                   "metadata": {"name": "waved"}, "data": {"k": "v"}}],
+                },
+            })),
+        )
+        .await
+        .unwrap();
+    let report = eventually(
+        "`tender status waved` to show east's wave",
+        Duration::from_secs(30),
+        || {
+            let args = [
+                "status",
+                "waved",
+                "-n",
+                &ws,
+                "-o",
+                "json",
+                "--hub-kubeconfig",
+                &hub_kc,
+            ]
+            .map(String::from)
+            .to_vec();
+            async move {
+                let out = tender(args).await;
+                let report: serde_json::Value =
+                    serde_json::from_slice(&out.stdout).unwrap_or_default();
+                Ok::<_, std::convert::Infallible>(
+                    (report["clusters"][0]["cluster"] == "east").then_some(report),
+                )
+            }
+        },
+    )
+    .await;
+    assert_eq!(report["clusters"][0]["wave"], "canary", "{report}");
 
     // `tender cluster remove`: gone from the hub, the agent's hub token revoked, the agent's
     // objects deleted downstream — except one that lost `cluster add`'s labels (someone else's
