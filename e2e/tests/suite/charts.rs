@@ -805,7 +805,8 @@ async fn a_running_hub_exports_every_listed_metric() {
         }),
     )
     .await;
-    // Planned and written: a BundleDeployment and a copy for east.
+    // Planned and written: a BundleDeployment and a copy for east, and the Bundle's status
+    // (the state gauges count the conditions the hub wrote).
     let written = tender_e2e::within(tender_e2e::fixture::WAIT, || async {
         let text = hub.scrape().await;
         [
@@ -814,6 +815,9 @@ async fn a_running_hub_exports_every_listed_metric() {
         ]
         .iter()
         .all(|l| text.lines().any(|x| x == *l))
+            && text
+                .lines()
+                .any(|x| x.starts_with("tender_hub_bundle_conditions{type=\"Ready\""))
     })
     .await;
     assert!(written, "the hub wrote nothing:\n{}", hub.log_tail());

@@ -129,30 +129,24 @@ fn bomb(depth: usize) -> String {
 }
 
 #[test]
-fn nested_ranges_are_refused_by_steps_quickly() {
-    let started = std::time::Instant::now();
+fn nested_ranges_are_refused_by_steps() {
     // A generous clock, so the step count is what refuses it.
     let mut budget = Budget::new(MAX_STEPS, std::time::Duration::from_secs(60));
     let m = render_within(&bomb(5), &ctx(), &mut budget).unwrap_err().0;
-    let took = started.elapsed();
     assert_eq!(
         m,
         format!("template exceeded its budget of {MAX_STEPS} steps")
     );
-    // Refused at the call that went over (a call pays for its result at once).
+    // Refused at the call that went over (a call pays for its result at once): the work done
+    // is bounded by the step count, whatever the machine's speed (no wall-clock assertion).
     assert!(budget.steps() <= MAX_STEPS + 2_000, "{}", budget.steps());
-    eprintln!("the bomb was refused after {took:?}");
-    // Unoptimised test builds included: the budget is a few milliseconds' work, not hours'.
-    assert!(took < std::time::Duration::from_secs(5), "{took:?}");
 }
 
 #[test]
 fn the_clock_refuses_what_the_steps_allow() {
     let mut budget = Budget::new(u64::MAX, std::time::Duration::from_millis(20));
-    let started = std::time::Instant::now();
     let m = render_within(&bomb(5), &ctx(), &mut budget).unwrap_err().0;
     assert_eq!(m, "template exceeded its budget of 20 ms");
-    assert!(started.elapsed() < std::time::Duration::from_secs(1));
     // The default budget refuses it too, by whichever comes first.
     let m = e(&bomb(5));
     assert!(m.starts_with("template exceeded its budget of "), "{m}");
