@@ -116,10 +116,30 @@ fn helm_options(dir: &Path, helm: &Value, path: &str) -> Result<Value, Refused> 
             out.insert(key.into(), v.clone());
         }
     }
+    if let Some(Value::Array(list)) = out.get_mut("valuesFrom") {
+        *list = split_values_from(list);
+    }
     if let Some(values) = values_with_files(dir, helm, path)? {
         out.insert("values".into(), values);
     }
     Ok(Value::Object(out))
+}
+
+/// Fleet reads a `valuesFrom` entry naming both a ConfigMap and a Secret as two: the
+/// ConfigMap's values merged first, then the Secret's (`helmdeployer.valuesFrom`); tender's
+/// entries name one source each, so such an entry becomes those two, in that order.
+fn split_values_from(list: &[Value]) -> Vec<Value> {
+    list.iter()
+        .flat_map(
+            |entry| match (entry.get("configMapKeyRef"), entry.get("secretKeyRef")) {
+                (Some(cm), Some(secret)) => vec![
+                    json!({"configMapKeyRef": cm}),
+                    json!({"secretKeyRef": secret}),
+                ],
+                _ => vec![entry.clone()],
+            },
+        )
+        .collect()
 }
 
 /// How the directory's content is deployed.

@@ -497,3 +497,44 @@ async fn local_charts_deploy_with_per_cluster_values() {
         assert_eq!(cm.data.unwrap()["name"], "example-value");
     }
 }
+
+/// Every fixture directory `tender-fleet` converts (`crates/fleet/tests/fixtures.expected`)
+/// gives Bundles the real apiserver admits: one `tender apply --dry-run` over all of them.
+#[tokio::test]
+async fn every_converted_directory_is_admitted_by_the_apiserver() {
+    let expected = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/fleet/tests/fixtures.expected"),
+    )
+    .unwrap();
+    let mut dirs: Vec<&str> = Vec::new();
+    let mut current = None;
+    for line in expected.lines() {
+        if !line.starts_with(' ') && !line.is_empty() {
+            current = Some(line.trim());
+        } else if line.trim_start().starts_with("bundle ")
+            && let Some(dir) = current.take()
+        {
+            dirs.push(dir);
+        }
+    }
+    assert!(dirs.len() >= 40, "{dirs:?}");
+    let ws = Workspace::without_hub(shared_env(2).await, "fleet-apply-all").await;
+    let mut args = dirs.clone();
+    args.push("--dry-run");
+    let out = tender_apply(&ws, &args).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let admitted = stdout
+        .lines()
+        .filter(|l| l.ends_with("applied (server dry run)"))
+        .count();
+    let bundles = expected
+        .lines()
+        .filter(|l| l.trim_start().starts_with("bundle "))
+        .count();
+    assert_eq!(admitted, bundles, "{stdout}");
+}
