@@ -148,7 +148,7 @@ mod tests {
         let Command::Status(status) = cli.command else {
             panic!("not status: {cli:?}");
         };
-        assert_eq!(status.workspace, "ws");
+        assert_eq!(status.hub.workspace, "ws");
         assert_eq!(status.output, crate::status::Output::Json);
 
         let err = parse_from(args(&["/path/kubectl-tender", "status", "--bogus"])).unwrap_err();

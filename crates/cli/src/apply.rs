@@ -41,14 +41,9 @@ pub struct Args {
     /// `name` wins.
     #[arg(long)]
     pub name: Option<String>,
-    /// Workspace namespace on the hub.
-    #[arg(
-        long,
-        short = 'n',
-        default_value = "tender-default",
-        env = "TENDER_WORKSPACE"
-    )]
-    pub namespace: String,
+    /// The hub and the workspace.
+    #[command(flatten)]
+    pub hub: crate::hub::HubArgs,
     /// Print the Bundles instead of applying them (nothing is written).
     #[arg(long, short = 'o', value_enum)]
     pub output: Option<Output>,
@@ -68,9 +63,6 @@ pub struct Args {
     /// Take over fields another field manager set on an existing Bundle.
     #[arg(long)]
     pub force_conflicts: bool,
-    /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
-    pub hub_kubeconfig: Option<PathBuf>,
 }
 
 /// The Bundles of `args.dirs`, in the workspace namespace, or the refusals.
@@ -88,7 +80,7 @@ pub fn bundles(args: &Args) -> Result<Vec<Bundle>, Error> {
             eprintln!("{}: nothing to deploy, skipped", dir.display());
         }
         for mut b in bundles {
-            b.metadata.namespace = Some(args.namespace.clone());
+            b.metadata.namespace = Some(args.hub.workspace.clone());
             out.push(b);
         }
     }
@@ -121,10 +113,8 @@ pub async fn run(args: Args) -> Result<ExitCode> {
         }
         None => {}
     }
-    let hub = tender_runtime::client(args.hub_kubeconfig.as_deref(), None, "tender-cli")
-        .await
-        .context("connecting to the hub")?;
-    let api = Api::<Bundle>::namespaced(hub, &args.namespace);
+    let hub = args.hub.client().await?;
+    let api = Api::<Bundle>::namespaced(hub, &args.hub.workspace);
     let mut params = PatchParams::apply(FIELD_MANAGER);
     params.force = args.force_conflicts;
     params.dry_run = args.dry_run;
@@ -141,8 +131,8 @@ pub async fn run(args: Args) -> Result<ExitCode> {
         }
         api.patch(&name, &params, &Patch::Apply(&body))
             .await
-            .with_context(|| format!("applying Bundle {}/{name}", args.namespace))?;
-        println!("Bundle {}/{name} applied{suffix}", args.namespace);
+            .with_context(|| format!("applying Bundle {}/{name}", args.hub.workspace))?;
+        println!("Bundle {}/{name} applied{suffix}", args.hub.workspace);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,5 +6,6 @@ pub mod app;
 pub mod apply;
 pub mod cluster;
 pub mod completions;
+pub mod hub;
 pub mod rollout;
 pub mod status;

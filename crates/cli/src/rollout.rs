@@ -2,8 +2,6 @@
 //! `tender.dev/rollout-resume` annotation (the time) on the Bundle, or on the HelmOp whose
 //! Bundle it is (the hub acts on a value it has not acted on before; docs/rollouts.md).
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result};
 use kube::api::{Api, Patch, PatchParams};
 use tender_types::{Bundle, HelmOp, labels};
@@ -31,17 +29,9 @@ pub struct ResumeArgs {
     /// NAME is a HelmOp.
     #[arg(long)]
     pub helmop: bool,
-    /// Workspace namespace on the hub.
-    #[arg(
-        long,
-        short = 'n',
-        default_value = "tender-default",
-        env = "TENDER_WORKSPACE"
-    )]
-    pub workspace: String,
-    /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
-    pub hub_kubeconfig: Option<PathBuf>,
+    /// The hub and the workspace.
+    #[command(flatten)]
+    pub hub: crate::hub::HubArgs,
 }
 
 /// The merge patch that resumes: the annotation set to `value`.
@@ -52,10 +42,8 @@ pub fn resume_patch(value: &str) -> serde_json::Value {
 /// Runs `tender rollout`.
 pub async fn run(args: Args) -> Result<()> {
     let RolloutCommand::Resume(args) = args.command;
-    let hub = tender_runtime::client(args.hub_kubeconfig.as_deref(), None, "tender-cli")
-        .await
-        .context("connecting to the hub")?;
-    let ws = &args.workspace;
+    let hub = args.hub.client().await?;
+    let ws = &args.hub.workspace;
     let patch = Patch::Merge(resume_patch(
         &k8s_openapi::jiff::Timestamp::now().to_string(),
     ));

@@ -2,8 +2,6 @@
 //! their agent is connected, its last heartbeat and their Bundles ready — as a table, JSON or
 //! YAML. Reading is kept apart from the rows ([`cluster_rows`] is pure).
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
@@ -15,17 +13,9 @@ use crate::status::{Output, render, workspace_selector};
 /// Arguments of `tender cluster list`.
 #[derive(Debug, clap::Args)]
 pub struct ListArgs {
-    /// Workspace namespace on the hub.
-    #[arg(
-        long,
-        short = 'n',
-        default_value = "tender-default",
-        env = "TENDER_WORKSPACE"
-    )]
-    pub workspace: String,
-    /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
-    pub hub_kubeconfig: Option<PathBuf>,
+    /// The hub and the workspace.
+    #[command(flatten)]
+    pub hub: crate::hub::HubArgs,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -151,10 +141,8 @@ pub fn render_rows(rows: &Vec<ClusterListRow>) -> String {
 
 /// Runs `tender cluster list`.
 pub async fn run(args: ListArgs) -> Result<()> {
-    let hub = tender_runtime::client(args.hub_kubeconfig.as_deref(), None, "tender-cli")
-        .await
-        .context("connecting to the hub")?;
-    let ws = &args.workspace;
+    let hub = args.hub.client().await?;
+    let ws = &args.hub.workspace;
     let clusters = Api::<Cluster>::namespaced(hub.clone(), ws)
         .list(&ListParams::default())
         .await

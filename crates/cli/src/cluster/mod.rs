@@ -50,20 +50,12 @@ pub enum Command {
 pub struct AddArgs {
     /// Name of the Cluster object (a DNS label).
     pub name: String,
-    /// Workspace namespace on the hub the Cluster is registered in.
-    #[arg(
-        long,
-        short = 'n',
-        default_value = "tender-default",
-        env = "TENDER_WORKSPACE"
-    )]
-    pub workspace: String,
+    /// The hub and the workspace the Cluster is registered in.
+    #[command(flatten)]
+    pub hub: crate::hub::HubArgs,
     /// Labels for the Cluster (what Bundle targets select), `key=value`; repeatable.
     #[arg(long = "label", short = 'l', value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
-    /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
-    pub hub_kubeconfig: Option<PathBuf>,
     /// Hub apiserver URL as the agent reaches it (default: the server of the hub kubeconfig).
     #[arg(long)]
     pub hub_server: Option<String>,
@@ -334,7 +326,7 @@ pub async fn run(args: Args) -> Result<()> {
 }
 
 async fn add(a: AddArgs) -> Result<()> {
-    let config = match &a.hub_kubeconfig {
+    let config = match &a.hub.hub_kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading {}", path.display()))?;
@@ -360,7 +352,7 @@ async fn add(a: AddArgs) -> Result<()> {
     let reg = register(
         &hub,
         &server,
-        &a.workspace,
+        &a.hub.workspace,
         &a.name,
         &cluster_labels,
         &a.agent_namespace,
@@ -370,7 +362,7 @@ async fn add(a: AddArgs) -> Result<()> {
     .await?;
     eprintln!(
         "registered Cluster {}/{} (hub namespace {})",
-        a.workspace, a.name, reg.cluster_namespace
+        a.hub.workspace, a.name, reg.cluster_namespace
     );
     if let Some(path) = a.kubeconfig_out {
         std::fs::write(&path, &reg.hub_kubeconfig)
@@ -387,7 +379,7 @@ async fn add(a: AddArgs) -> Result<()> {
         }
     };
     let manifests = agent_manifests(
-        &a.workspace,
+        &a.hub.workspace,
         &a.name,
         &a.agent_namespace,
         &a.image,

@@ -24,17 +24,9 @@ use crate::status::{Output, render};
 pub struct RemoveArgs {
     /// Name of the Cluster.
     pub name: String,
-    /// Workspace namespace on the hub.
-    #[arg(
-        long,
-        short = 'n',
-        default_value = "tender-default",
-        env = "TENDER_WORKSPACE"
-    )]
-    pub workspace: String,
-    /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
-    pub hub_kubeconfig: Option<PathBuf>,
+    /// The hub and the workspace.
+    #[command(flatten)]
+    pub hub: crate::hub::HubArgs,
     /// Kubeconfig of the downstream cluster: delete the agent's objects there once the hub is
     /// done. Without it (and without `--downstream-context`) the commands are printed.
     #[arg(long)]
@@ -210,10 +202,8 @@ fn render_summary(r: &RemoveReport) -> String {
 
 /// Runs `tender cluster remove`.
 pub async fn run(a: RemoveArgs) -> Result<()> {
-    let hub = tender_runtime::client(a.hub_kubeconfig.as_deref(), None, "tender-cli")
-        .await
-        .context("connecting to the hub")?;
-    let ws = &a.workspace;
+    let hub = a.hub.client().await?;
+    let ws = &a.hub.workspace;
     let clusters: Api<Cluster> = Api::namespaced(hub.clone(), ws);
     let cluster = clusters
         .get_opt(&a.name)

@@ -5,8 +5,6 @@
 //! turn listed objects into plain rows, and the renderers only format rows, so both are unit
 //! tested without a cluster.
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result};
 use kube::api::{Api, ListParams};
 use serde::Serialize;
@@ -29,17 +27,9 @@ pub struct Args {
     /// Show this Bundle only: every cluster it targets with its BundleDeployment's state,
     /// reason and message.
     pub bundle: Option<String>,
-    /// Workspace namespace on the hub.
-    #[arg(
-        long,
-        short = 'n',
-        default_value = "tender-default",
-        env = "TENDER_WORKSPACE"
-    )]
-    pub workspace: String,
-    /// Kubeconfig of the hub (default: $KUBECONFIG or ~/.kube/config).
-    #[arg(long, env = "TENDER_HUB_KUBECONFIG")]
-    pub hub_kubeconfig: Option<PathBuf>,
+    /// The hub and the workspace.
+    #[command(flatten)]
+    pub hub: crate::hub::HubArgs,
     /// Output format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Table)]
     pub output: Output,
@@ -68,10 +58,8 @@ pub fn render<T: Serialize>(report: &T, output: Output, table: fn(&T) -> String)
 
 /// Runs `tender status`.
 pub async fn run(args: Args) -> Result<()> {
-    let hub = tender_runtime::client(args.hub_kubeconfig.as_deref(), None, "tender-cli")
-        .await
-        .context("connecting to the hub")?;
-    let ws = &args.workspace;
+    let hub = args.hub.client().await?;
+    let ws = &args.hub.workspace;
     let text = match &args.bundle {
         None => {
             let bundles = Api::<Bundle>::namespaced(hub.clone(), ws)
