@@ -380,6 +380,35 @@ impl RouteRepo {
             .insert(path.to_string(), route);
     }
 
+    /// A repository serving one chart: `name` at `version`, packaged by the pinned Helm from
+    /// `files` (paths inside the chart, e.g. `templates/cm.yaml`), with its `index.yaml`.
+    pub async fn serving_chart(
+        name: &str,
+        version: &str,
+        files: &[(&str, &[u8])],
+    ) -> Result<RouteRepo> {
+        let helm = crate::ensure_helm()?;
+        let root = std::env::temp_dir().join(crate::unique_name(&format!("chart-{name}")));
+        let archive = package_chart(
+            &helm,
+            &root.join("work"),
+            &root.join("out"),
+            name,
+            version,
+            files,
+        )?;
+        let repo = RouteRepo::start().await?;
+        let tgz = format!("{name}-{version}.tgz");
+        repo.route(
+            "index.yaml",
+            Route::Body(
+                index_yaml(name, &[(version, &format!("{}/{tgz}", repo.url))]).into_bytes(),
+            ),
+        );
+        repo.route(&tgz, Route::Body(archive));
+        Ok(repo)
+    }
+
     /// Requests received so far.
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)

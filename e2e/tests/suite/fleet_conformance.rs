@@ -12,9 +12,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
-use tender_e2e::charts::{Route, RouteRepo, package_chart};
+use tender_e2e::charts::RouteRepo;
 use tender_e2e::fixture::{WAIT, Workspace};
-use tender_e2e::{downstream_name, ensure_helm, eventually, shared_env, unique_name};
+use tender_e2e::{downstream_name, eventually, shared_env, unique_name};
 use tender_types::{Bundle, Cluster, ClusterGroup, HelmOp};
 
 /// What applying a fixture must do.
@@ -202,28 +202,13 @@ const VERSION: &str = "0.1.0";
 const TEMPLATE: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-values\ndata:\n  values.json: {{ toJson .Values | quote }}\n";
 
 async fn chart_repo() -> RouteRepo {
-    let helm = ensure_helm().expect("helm");
-    let root = std::env::temp_dir().join(unique_name("fleet-conformance-chart"));
-    let archive = package_chart(
-        &helm,
-        &root.join("work"),
-        &root.join("out"),
+    RouteRepo::serving_chart(
         CHART,
         VERSION,
         &[("templates/values.yaml", TEMPLATE.as_bytes())],
     )
-    .expect("packaging the chart");
-    let repo = RouteRepo::start().await.expect("chart repository");
-    let tgz = format!("{CHART}-{VERSION}.tgz");
-    repo.route(
-        "index.yaml",
-        Route::Body(
-            tender_e2e::charts::index_yaml(CHART, &[(VERSION, &format!("{}/{tgz}", repo.url))])
-                .into_bytes(),
-        ),
-    );
-    repo.route(&tgz, Route::Body(archive));
-    repo
+    .await
+    .expect("the chart repository")
 }
 
 fn fixture(file: &str, repo: &str, ns: &str) -> Value {

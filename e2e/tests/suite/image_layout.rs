@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use serde_json::json;
 use tender_e2e::binaries::tender_binaries;
-use tender_e2e::charts::{Route, RouteRepo, index_yaml, package_chart};
+use tender_e2e::charts::RouteRepo;
 use tender_e2e::dockerfile::{Stage, stages};
 use tender_e2e::fixture::Workspace;
 use tender_e2e::{
@@ -107,25 +107,13 @@ const VERSION: &str = "0.1.0";
 const TEMPLATE: &str = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-rendered\ndata:\n  greeting: {{ .Values.greeting | quote }}\n";
 
 async fn chart_repo() -> RouteRepo {
-    let helm = ensure_helm().unwrap();
-    let root = std::env::temp_dir().join(unique_name("image-layout-chart"));
-    let archive = package_chart(
-        &helm,
-        &root.join("work"),
-        &root.join("out"),
+    RouteRepo::serving_chart(
         CHART,
         VERSION,
         &[("templates/cm.yaml", TEMPLATE.as_bytes())],
     )
-    .unwrap();
-    let repo = RouteRepo::start().await.unwrap();
-    let tgz = format!("{CHART}-{VERSION}.tgz");
-    repo.route(
-        "index.yaml",
-        Route::Body(index_yaml(CHART, &[(VERSION, &format!("{}/{tgz}", repo.url))]).into_bytes()),
-    );
-    repo.route(&tgz, Route::Body(archive));
-    repo
+    .await
+    .unwrap()
 }
 
 /// bubblewrap's arguments for `stage`'s file layout: the host's root read-only, a fresh
