@@ -1,6 +1,6 @@
 //! One fleet.yaml directory → its Bundles (Fleet's `bundleFromDir` in `bundlereader/read.go`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 use tender_types::Bundle;
@@ -9,6 +9,33 @@ use crate::files::{self, Files};
 use crate::resources::{self, Refused};
 use crate::schema::{self, is_empty};
 use crate::{MAX_BUNDLE_BYTES, Options, names};
+
+/// The directory being converted and the tree `tender apply` was given, which every file a
+/// fleet.yaml names must resolve into: a fleet.yaml names files of its repository, never of
+/// the machine running `tender apply` (a values file `/root/.kube/config` would otherwise be
+/// read into the Bundle's values and written to the hub).
+pub(crate) struct Dir<'a> {
+    /// The fleet.yaml's directory.
+    pub path: &'a Path,
+    /// The tree given to `tender apply`, canonical.
+    pub root: &'a Path,
+}
+
+impl Dir<'_> {
+    /// `rel` below this directory, refused when it resolves (symlinks followed) outside the
+    /// tree.
+    fn inside(&self, rel: &str) -> Result<PathBuf, String> {
+        let p = std::fs::canonicalize(self.path.join(rel)).map_err(|e| format!("{rel}: {e}"))?;
+        if p.starts_with(self.root) {
+            Ok(p)
+        } else {
+            Err(format!(
+                "{rel} resolves outside the directory tender apply was given ({}): a fleet.yaml reads only files of its repository",
+                self.root.display()
+            ))
+        }
+    }
+}
 
 /// `--targets-file`: Fleet's BundleSpec holding `targets` and `targetRestrictions`.
 #[derive(Clone, Debug, Default)]
@@ -75,7 +102,7 @@ fn merge(base: &mut Value, over: Value) {
 }
 
 /// `helm.values` with the `valuesFiles` merged over it, in order (Fleet's `generateValues`).
-fn values_with_files(dir: &Path, helm: &Value, path: &str) -> Result<Option<Value>, Refused> {
+fn values_with_files(dir: &Dir<'_>, helm: &Value, path: &str) -> Result<Option<Value>, Refused> {
     let mut values = helm.get("values").cloned().unwrap_or(json!({}));
     if values.is_null() {
         values = json!({});
@@ -89,8 +116,9 @@ fn values_with_files(dir: &Path, helm: &Value, path: &str) -> Result<Option<Valu
     {
         let name = f.as_str().unwrap_or_default();
         let p = format!("{path}.valuesFiles[{i}]");
-        let text = std::fs::read_to_string(dir.join(name))
-            .map_err(|e| (p.clone(), format!("{name}: {e}")))?;
+        let file = dir.inside(name).map_err(|e| (p.clone(), e))?;
+        let text =
+            std::fs::read_to_string(file).map_err(|e| (p.clone(), format!("{name}: {e}")))?;
         let parsed: Option<Value> =
             serde_saphyr::from_str(&text).map_err(|e| (p, format!("{name}: {e}")))?;
         merge(&mut values, parsed.unwrap_or(json!({})));
@@ -99,7 +127,7 @@ fn values_with_files(dir: &Path, helm: &Value, path: &str) -> Result<Option<Valu
 }
 
 /// Fleet's helm options → tender's, the release-only defaults dropped.
-fn helm_options(dir: &Path, helm: &Value, path: &str) -> Result<Value, Refused> {
+fn helm_options(dir: &Dir<'_>, helm: &Value, path: &str) -> Result<Value, Refused> {
     let mut out = Map::new();
     for key in [
         "chart",
@@ -245,7 +273,7 @@ fn variant_of(options: &Value, base: &Variant, path: &str) -> Variant {
 
 /// What every variant of a directory is made from.
 struct Source<'a> {
-    dir: &'a Path,
+    dir: &'a Dir<'a>,
     files: &'a Files,
     content: &'a Content,
     opts: &'a Options,
@@ -292,12 +320,12 @@ fn variant_resources(
     match content {
         Content::Remote => Vec::new(),
         Content::Local(chart) => {
-            let (entries, r) = resources::chart_files(&files, dir, chart, src.disable_deps);
+            let (entries, r) = resources::chart_files(&files, dir.path, chart, src.disable_deps);
             refused.extend(r);
             entries
         }
         Content::Manifests if kustomized => {
-            match resources::kustomize(&opts.kustomize, &dir.join(kdir), &variant.source) {
+            match resources::kustomize(&opts.kustomize, &dir.path.join(kdir), &variant.source) {
                 Ok(objects) => objects,
                 Err(r) => {
                     refused.push(r);
@@ -321,7 +349,7 @@ fn variant_resources(
 
 /// A target in tender's form (selectors, namespaces, per-target helm and namespace metadata).
 fn target(
-    dir: &Path,
+    dir: &Dir<'_>,
     t: &Value,
     path: &str,
     spec_chart: &str,
@@ -570,7 +598,7 @@ fn depends_on(fy: &Value, refused: &mut Vec<Refused>) {
 
 /// `spec.helm` (or, for plain manifests, Fleet's `helm.takeOwnership` as the Bundle's).
 fn spec_helm(
-    dir: &Path,
+    dir: &Dir<'_>,
     content: &Content,
     helm: Option<&Value>,
     spec: &mut Map<String, Value>,
@@ -663,6 +691,7 @@ fn variant_targets(
 /// Converts the directory: its Bundles, or every refusal.
 pub(crate) fn directory(
     dir: &Path,
+    root: &Path,
     id: &str,
     opts: &Options,
     tf: Option<&TargetsFile>,
@@ -688,12 +717,13 @@ pub(crate) fn directory(
     let targets = all_targets(&fy, tf, &mut refused);
     let mut spec = Map::new();
     spec_fields(&fy, &mut spec, &mut refused);
-    spec_helm(dir, &content, helm, &mut spec, &mut refused);
+    let here = Dir { path: dir, root };
+    spec_helm(&here, &content, helm, &mut spec, &mut refused);
     let converted: Vec<(String, Value)> = targets
         .iter()
         .map(|(p, t)| {
             let spec_chart = str_at(&fy, &["helm", "chart"]);
-            (p.clone(), target(dir, t, p, spec_chart, &mut refused))
+            (p.clone(), target(&here, t, p, spec_chart, &mut refused))
         })
         .collect();
     let (variants, distinct) = variants(&fy, &targets, &content);
@@ -705,7 +735,7 @@ pub(crate) fn directory(
             continue;
         }
         let src = Source {
-            dir,
+            dir: &here,
             files: &files,
             content: &content,
             opts,

@@ -173,6 +173,17 @@ fn duplicates(converted: &[Converted], refusals: &mut Vec<Refusal>) {
     }
 }
 
+/// The tree the files a fleet.yaml names must stay in: the Git repository holding `root` (a
+/// fleet.yaml may name `../values.yaml` of its repository, as in a Fleet GitRepo), else `root`
+/// itself. Canonical.
+fn repository_of(root: &Path) -> PathBuf {
+    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    root.ancestors()
+        .find(|d| d.join(".git").exists())
+        .unwrap_or(&root)
+        .to_path_buf()
+}
+
 /// Converts every fleet.yaml directory under each of `roots` (see [`bundle_dirs`]): all the
 /// Bundles, or every refusal of every directory.
 pub fn convert(roots: &[PathBuf], opts: &Options) -> Result<Vec<Converted>, Error> {
@@ -193,6 +204,7 @@ pub fn convert(roots: &[PathBuf], opts: &Options) -> Result<Vec<Converted>, Erro
         None => None,
     };
     for root in roots {
+        let boundary = repository_of(root);
         for dir in bundle_dirs(root)? {
             let mut id = names::bundle_id(
                 opts.name.as_deref().unwrap_or_default(),
@@ -205,7 +217,7 @@ pub fn convert(roots: &[PathBuf], opts: &Options) -> Result<Vec<Converted>, Erro
                     .and_then(|d| d.file_name().map(|f| f.to_string_lossy().into_owned()))
                     .unwrap_or_else(|| "bundle".into());
             }
-            match convert::directory(&dir, &id, opts, targets_file.as_ref()) {
+            match convert::directory(&dir, &boundary, &id, opts, targets_file.as_ref()) {
                 Ok(bundles) => out.push(Converted {
                     dir: dir.clone(),
                     bundles,

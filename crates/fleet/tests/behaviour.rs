@@ -306,3 +306,52 @@ fn a_value_tender_cannot_read_is_refused_at_its_field() {
     };
     assert_eq!(r[0].path, "rolloutStrategy", "{}", r[0].reason);
 }
+
+/// A fleet.yaml names files of its repository only: a values file that resolves outside the
+/// tree (`..`, an absolute path) is refused by path, and nothing of it is read into a Bundle.
+/// Inside a Git repository, the repository is the tree.
+#[test]
+fn values_files_outside_the_tree_are_refused_not_read() {
+    let outside = Dir::new("outside");
+    outside.write("secret.yaml", "token: hunter2\n");
+    let d = Dir::new("escape");
+    let chart = "apiVersion: v2\nname: c\nversion: 0.1.0\n";
+    d.write(
+        "up/fleet.yaml",
+        &format!(
+            "helm:\n  chart: ./chart\n  valuesFiles:\n    - ../../{}/secret.yaml\n",
+            outside.0.file_name().unwrap().to_string_lossy()
+        ),
+    )
+    .write("up/chart/Chart.yaml", chart);
+    d.write(
+        "abs/fleet.yaml",
+        &format!(
+            "helm:\n  chart: ./chart\n  valuesFiles:\n    - {}\n",
+            outside.0.join("secret.yaml").display()
+        ),
+    )
+    .write("abs/chart/Chart.yaml", chart);
+    let refusals = match convert(std::slice::from_ref(&d.0), &Options::default()) {
+        Err(Error::Refused(r)) => r,
+        other => panic!("not refused: {other:?}"),
+    };
+    assert_eq!(refusals.len(), 2, "{refusals:?}");
+    for r in &refusals {
+        assert_eq!(r.path, "helm.valuesFiles[0]");
+        assert!(r.reason.contains("outside the directory"), "{}", r.reason);
+        assert!(!r.reason.contains("hunter2"));
+    }
+
+    // The same kind of reference inside a Git repository's tree is read.
+    let repo = Dir::new("repo");
+    repo.write(".git/HEAD", "ref: refs/heads/main\n")
+        .write("shared/values.yaml", "from: shared\n")
+        .write(
+            "apps/web/fleet.yaml",
+            "helm:\n  chart: ./chart\n  valuesFiles:\n    - ../../shared/values.yaml\n",
+        )
+        .write("apps/web/chart/Chart.yaml", chart);
+    let b = bundles(&repo.0.join("apps"), &Options::default());
+    assert_eq!(b[0]["spec"]["helm"]["values"]["from"], "shared");
+}
