@@ -303,21 +303,15 @@ impl Workspace {
     /// and the Bundle's conditions.
     pub async fn wait_applied(&self, cluster: &str, bundle: &str, what: &str) {
         let bds = self.bds(cluster);
-        let done = tokio::time::timeout(WAIT, async {
-            loop {
-                if let Ok(Some(bd)) = bds.get_opt(bundle).await
-                    && bd.status.as_ref().is_some_and(|s| {
-                        s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
-                    })
-                {
-                    return;
-                }
-                // Polling the hub's apiserver; the timeout above bounds it.
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+        let applied = crate::within(WAIT, || async {
+            bds.get_opt(bundle).await.ok().flatten().is_some_and(|bd| {
+                bd.status.as_ref().is_some_and(|s| {
+                    s.applied_deployment_id.as_deref() == Some(&bd.spec.deployment_id)
+                })
+            })
         })
         .await;
-        if done.is_err() {
+        if !applied {
             let bd = bds.get_opt(bundle).await.unwrap();
             let b = Api::<Bundle>::namespaced(self.hub.clone(), &self.ns)
                 .get_opt(bundle)
