@@ -20,6 +20,7 @@ pub mod hash;
 pub mod helm;
 pub mod helmop;
 pub mod labels;
+mod manifest;
 pub mod names;
 pub mod namespaces;
 pub mod ownership;
