@@ -96,10 +96,11 @@ struct Counts {
 }
 
 /// `state` as shown, `Unknown` before the hub or agent has said.
-fn state_or_unknown(state: Option<String>) -> String {
+fn state_or_unknown(state: Option<&str>) -> String {
     state
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "Unknown".into())
+        .unwrap_or("Unknown")
+        .to_string()
 }
 
 /// The Bundle conditions an operator alerts on.
@@ -114,17 +115,24 @@ impl Counts {
     fn add_clusters(&mut self, clusters: &[Arc<Cluster>]) {
         self.any_clusters = true;
         for cl in clusters {
-            let status = cl.status.clone().unwrap_or_default();
-            let mode = status.mode.unwrap_or_else(|| cl.spec.mode());
+            // Read in place: a scrape walks every cached object and copies only label values.
+            let status = cl.status.as_ref();
+            let mode = status
+                .and_then(|s| s.mode)
+                .unwrap_or_else(|| cl.spec.mode());
             let connection = match mode {
                 ClusterMode::Pull => conditions::TYPE_AGENT_CONNECTED,
                 ClusterMode::Push => conditions::TYPE_CLUSTER_CONNECTED,
             };
-            let connected = find_condition(&status.conditions, connection)
+            let connected = status
+                .and_then(|s| find_condition(&s.conditions, connection))
                 .map(|c| c.status.clone())
                 .unwrap_or_else(|| "Unknown".into());
+            let state = status
+                .and_then(|s| s.display.as_ref())
+                .map(|d| d.state.as_str());
             let labels = vec![
-                ("state", state_or_unknown(status.display.map(|d| d.state))),
+                ("state", state_or_unknown(state)),
                 ("mode", mode.to_string()),
                 ("connected", connected),
             ];
@@ -134,8 +142,14 @@ impl Counts {
 
     fn add_bundles(&mut self, bundles: &[Arc<Bundle>]) {
         for b in bundles {
-            let status = b.status.clone().unwrap_or_default();
-            let state = state_or_unknown(status.display.map(|d| d.state));
+            let Some(status) = b.status.as_ref() else {
+                *self
+                    .bundles
+                    .entry(vec![("state", state_or_unknown(None))])
+                    .or_default() += 1;
+                continue;
+            };
+            let state = state_or_unknown(status.display.as_ref().map(|d| d.state.as_str()));
             *self.bundles.entry(vec![("state", state)]).or_default() += 1;
             for t in BUNDLE_CONDITIONS {
                 if let Some(c) = find_condition(&status.conditions, t) {
@@ -152,13 +166,16 @@ impl Counts {
 
     fn add_bundle_deployments(&mut self, bds: &[Arc<BundleDeployment>]) {
         for bd in bds {
-            let status = bd.status.clone().unwrap_or_default();
-            let state = state_or_unknown(status.display.map(|d| d.state));
+            let status = bd.status.as_ref();
+            let state = status
+                .and_then(|s| s.display.as_ref())
+                .map(|d| d.state.as_str());
             *self
                 .bundle_deployments
-                .entry(vec![("state", state)])
+                .entry(vec![("state", state_or_unknown(state))])
                 .or_default() += 1;
-            if let Some(c) = find_condition(&status.conditions, conditions::TYPE_READY)
+            if let Some(c) =
+                status.and_then(|s| find_condition(&s.conditions, conditions::TYPE_READY))
                 && c.status != "True"
             {
                 *self
